@@ -1,0 +1,30 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast model venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+model: $(STAMP)
+	$(PY) -m radixrt.cli fetch-model
+
+demo: model
+	$(PY) examples/quickstart.py
+
+test: model
+	$(PY) -m pytest -q
+
+test-fast: model
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""The radixrt frontend language (SGLang-compatible DSL)."""

@@ -1,0 +1,48 @@
+"""The attention backend: stores a layer's new K/V in the page pool, then runs paged attention."""
+
+from __future__ import annotations
+
+import torch
+
+from radixrt.kernels import torch_ref
+from radixrt.memory.page_pool import PagePool
+from radixrt.model.forward_batch import ForwardBatch
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+class PagedAttention:
+    def __init__(self, pool: PagePool, backend: str = "auto") -> None:
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {ATTENTION_BACKENDS}")
+        device = pool.k_caches[0].device
+        if backend == "auto":
+            backend = "triton" if device.type == "cuda" else "torch"
+        self.pool = pool
+        self.backend = backend
+        if backend == "triton":
+            from radixrt.kernels import triton_ops
+
+            self.ops = triton_ops
+        else:
+            self.ops = torch_ref
+
+    def __call__(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        sm_scale: float,
+        sliding_window: int,
+    ) -> torch.Tensor:
+        k_cache, v_cache = self.pool.k_caches[layer], self.pool.v_caches[layer]
+        self.ops.store_kv(k_cache, v_cache, batch.out_slots, k, v)
+        if batch.is_decode:
+            return self.ops.decode_attention(
+                q, k_cache, v_cache, batch.page_table, batch.seq_lens, sm_scale, sliding_window
+            )
+        return self.ops.extend_attention(
+            q, k_cache, v_cache, batch.page_table, batch.prefix_lens, batch.extend_lens, sm_scale, sliding_window
+        )

@@ -1,0 +1,170 @@
+"""The Llama-style decoder family: Llama 2/3, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixrt.model.attention import PagedAttention
+from radixrt.model.forward_batch import ForwardBatch
+from radixrt.model.layers import RMSNorm, RotaryEmbedding
+from radixrt.model.parallel import SINGLE, ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def sliding_window_of(config, layer: int) -> int:
+    window = getattr(config, "sliding_window", None) or 0
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if layer_types[layer] == "sliding_attention" else 0
+    return window
+
+
+class Attention(nn.Module):
+    def __init__(self, config, layer: int, rotary: RotaryEmbedding, tp: TPGroup) -> None:
+        super().__init__()
+        self.layer = layer
+        self.head_dim = head_dim_of(config)
+        self.num_heads = config.num_attention_heads // tp.size
+        self.num_kv_heads = config.num_key_value_heads // tp.size
+        bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
+        d = self.head_dim
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size,
+            [config.num_attention_heads * d, config.num_key_value_heads * d, config.num_key_value_heads * d],
+            bias=bias,
+            tp=tp,
+        )
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * d, config.hidden_size, bias=getattr(config, "attention_bias", False), tp=tp
+        )
+        self.qk_norm = config.model_type == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        self.rotary = rotary
+        self.sm_scale = d**-0.5
+        self.sliding_window = sliding_window_of(config, layer)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch, attn: PagedAttention) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(
+            [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], -1
+        )
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = attn(self.layer, q, k, v, batch, self.sm_scale, self.sliding_window)
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config, tp: TPGroup) -> None:
+        super().__init__()
+        self.gate_up_proj = ColumnParallelLinear(
+            config.hidden_size, [config.intermediate_size] * 2, bias=getattr(config, "mlp_bias", False), tp=tp
+        )
+        self.down_proj = RowParallelLinear(
+            config.intermediate_size, config.hidden_size, bias=getattr(config, "mlp_bias", False), tp=tp
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, layer: int, rotary: RotaryEmbedding, tp: TPGroup) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, layer, rotary, tp)
+        self.mlp = MLP(config, tp)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch, attn: PagedAttention) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), batch, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint projection name -> (our module attribute, index of its shard in the merged weight)
+    _MERGED = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config, max_positions: int, tp: TPGroup = SINGLE) -> None:
+        super().__init__()
+        self.config = config
+        rotary = RotaryEmbedding(config, head_dim_of(config), max_positions)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, rotary, tp) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.tp = tp
+
+    def forward(self, batch: ForwardBatch, attn: PagedAttention) -> torch.Tensor:
+        """Logits (fp32) at ``batch.logits_indices``."""
+        x = self.embed_tokens(batch.input_ids)
+        for layer in self.layers:
+            x = layer(batch.positions, x, batch, attn)
+        x = self.norm(x[batch.logits_indices])
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        logits = F.linear(x, head.weight)
+        if self.tp.size > 1:
+            parts = [torch.empty_like(logits) for _ in range(self.tp.size)]
+            torch.distributed.all_gather(parts, logits)
+            logits = torch.cat(parts, dim=-1)
+        return logits.float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        modules = dict(self.named_modules())
+        seen: set[str] = set()
+        for name, tensor in weights:
+            if name.startswith("model."):
+                name = name[len("model.") :]
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue
+            module_path, _, param = name.rpartition(".")
+            owner, _, proj = module_path.rpartition(".")
+            index = 0
+            if proj in self._MERGED:
+                target, index = self._MERGED[proj]
+                module_path = f"{owner}.{target}"
+            module = modules.get(module_path)
+            if module is None:
+                raise KeyError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
+            if hasattr(module, "load_shard"):
+                module.load_shard(param, tensor, index)
+            else:
+                getattr(module, param).data.copy_(tensor)
+            seen.add(f"{module_path}.{param}.{index}")
+        expected = sum(
+            len(getattr(m, "local_sizes", [0])) if n.endswith(("qkv_proj", "gate_up_proj")) else 1
+            for n, m in self.named_modules()
+            for _ in m.parameters(recurse=False)
+        )
+        if len(seen) != expected:
+            raise ValueError(f"the checkpoint filled {len(seen)} of {expected} weights")

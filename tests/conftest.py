@@ -1,0 +1,15 @@
+import os
+from pathlib import Path
+
+import pytest
+
+# Keep tests on the machine's two cores predictable and quiet.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
+
+    return resolve_model_path(DEFAULT_MODEL)

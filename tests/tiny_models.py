@@ -1,0 +1,54 @@
+"""Tiny randomly initialised checkpoints of every supported family, saved as HF folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+FAMILIES = ("llama", "llama3-scaled", "mistral", "qwen2", "qwen3", "untied-gqa1")
+
+
+def tiny_config(family: str):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+    )
+    if family == "llama":
+        return LlamaConfig(**common, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if family == "llama3-scaled":
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+        return LlamaConfig(**common, tie_word_embeddings=False, rope_parameters=rope)
+    if family == "mistral":
+        return MistralConfig(**common, sliding_window=5, tie_word_embeddings=False)
+    if family == "qwen2":
+        return Qwen2Config(**common, tie_word_embeddings=True)
+    if family == "qwen3":
+        return Qwen3Config(**{**common, "num_key_value_heads": 1}, head_dim=32, tie_word_embeddings=True)
+    if family == "untied-gqa1":
+        return LlamaConfig(**{**common, "num_key_value_heads": 4}, tie_word_embeddings=False)
+    raise ValueError(family)
+
+
+def save_tiny_model(family: str, folder: Path, seed: int = 0):
+    """Save a random tiny model of ``family``; return the transformers model (fp32, eval)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(family)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():  # widen the init so differences show up in the logits
+        for param in model.parameters():
+            param.normal_(0.0, 0.08)
+    model.eval()
+    model.save_pretrained(folder)
+    return model
