@@ -30,3 +30,40 @@ def apply_chat_template(tokenizer, messages: list[dict[str, Any]], add_generatio
         raise ValueError("this model's tokenizer has no chat template")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_template_info(tokenizer) -> dict[str, Any] | None:
+    """The chat template as role markers, for clients that build prompts as text (the DSL).
+
+    Renders conversations with sentinel contents and splits the text around them. Returns
+    ``{"default_system_prompt", "role_prefix_and_suffix": {role: [prefix, suffix]}, "stop_str"}``.
+    """
+    if not tokenizer.chat_template:
+        return None
+    marks = {"system": "RADIXRT_SYSTEM_7f3", "user": "RADIXRT_USER_7f3", "assistant": "RADIXRT_ASSISTANT_7f3"}
+
+    def render(messages: list[dict[str, str]]) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+
+    conversation = [{"role": role, "content": mark} for role, mark in marks.items()]
+    roles: dict[str, list[str]] = {}
+    previous = ""
+    for i, (role, mark) in enumerate(marks.items()):
+        text = render(conversation[: i + 1])
+        if not text.startswith(previous):
+            return None  # the template rewrites earlier turns; role markers cannot describe it
+        added = text[len(previous):]
+        prefix, _, suffix = added.partition(mark)
+        roles[role] = [prefix, suffix]
+        previous = text
+    default_system = None
+    user_only = render([{"role": "user", "content": marks["user"]}])
+    system_prefix, system_suffix = roles["system"]
+    if user_only.startswith(system_prefix) and system_prefix:
+        start = len(system_prefix)
+        end = user_only.find(system_suffix, start)
+        if end > start:
+            default_system = user_only[start:end]
+    stop = roles["assistant"][1].strip()
+    return {"default_system_prompt": default_system, "role_prefix_and_suffix": roles,
+            "stop_str": [stop] if stop else []}

@@ -1,0 +1,93 @@
+"""Incremental detokenization with stop strings.
+
+Token ids arrive a few at a time; text is emitted only once it is stable (no partial UTF-8 sequence at the
+end) and never includes a matched stop string. While streaming, text that could still become the start of a
+stop string is held back until the next tokens decide it.
+"""
+
+from __future__ import annotations
+
+from radixrt.messages import BatchStrOut, BatchTokenOut, StrDelta
+
+
+class TextStream:
+    def __init__(self, tokenizer, stop: list[str] | None = None, skip_special_tokens: bool = True,
+                 prompt_tail: list[int] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in (stop or []) if s]
+        self.skip_special_tokens = skip_special_tokens
+        # A few prompt tokens give the decoder its left context (leading spaces of SentencePiece-style vocabularies).
+        self.ids: list[int] = list(prompt_tail or [])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""  # all stable text so far
+        self.emitted = 0  # chars of self.text already handed out
+        self.stopped_at: str | None = None  # the stop string that ended the text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, new_ids: list[int]) -> None:
+        if self.stopped_at is not None:
+            return
+        self.ids.extend(new_ids)
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full_text = self._decode(self.ids[self.prefix_offset :])
+        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+            self._append(full_text[len(prefix_text) :])
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+
+    def _append(self, delta: str) -> None:
+        start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
+        self.text += delta
+        hits = [(self.text.find(s, start), s) for s in self.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if hits:
+            cut, matched = min(hits)
+            self.text = self.text[:cut]
+            self.stopped_at = matched
+
+    def finish(self) -> None:
+        """End of generation: flush an incomplete trailing character as the tokenizer renders it."""
+        if self.stopped_at is None and self.read_offset < len(self.ids):
+            prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+            full_text = self._decode(self.ids[self.prefix_offset :])
+            if len(full_text) > len(prefix_text):
+                self._append(full_text[len(prefix_text) :])
+            self.read_offset = len(self.ids)
+
+    def take(self, final: bool) -> str:
+        """Text not handed out yet; unless ``final``, holds back a tail that may begin a stop string."""
+        end = len(self.text)
+        if not final and self.stopped_at is None:
+            for stop in self.stop:
+                for k in range(min(len(stop) - 1, end - self.emitted), 0, -1):
+                    if self.text.endswith(stop[:k]):
+                        end = min(end, len(self.text) - k)
+                        break
+        out = self.text[self.emitted : end]
+        self.emitted = end
+        return out
+
+
+class Detokenizer:
+    """Turns the scheduler's token deltas into text deltas, one TextStream per live request."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.streams: dict[str, TextStream] = {}
+
+    def process(self, batch: BatchTokenOut) -> BatchStrOut:
+        outputs = []
+        for delta in batch.deltas:
+            stream = self.streams.get(delta.rid)
+            if stream is None:
+                stream = TextStream(self.tokenizer, delta.stop, delta.skip_special_tokens)
+                self.streams[delta.rid] = stream
+            stream.add(delta.new_ids)
+            final = delta.finish_reason is not None
+            if final:
+                stream.finish()
+                del self.streams[delta.rid]
+            outputs.append(StrDelta(rid=delta.rid, text=stream.take(final), delta=delta))
+        return BatchStrOut(outputs)

@@ -1,0 +1,88 @@
+"""Every message that crosses a process (or thread) boundary, as msgspec structs.
+
+Tokenizer side -> scheduler: GenerateReq, AbortReq, FlushCacheReq.
+Scheduler -> detokenizer: BatchTokenOut (one per scheduler step, every request that progressed).
+Detokenizer -> tokenizer side: BatchStrOut.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from radixrt.sampling.params import SamplingParams
+
+
+class GenerateReq(msgspec.Struct, tag=True):
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs
+    top_logprobs_num: int = 0
+    stream: bool = False
+    grammar: tuple[str, str] | None = None  # (kind, spec) of a constrained request
+
+
+class AbortReq(msgspec.Struct, tag=True):
+    rid: str
+
+
+class FlushCacheReq(msgspec.Struct, tag=True):
+    pass
+
+
+class StatsReq(msgspec.Struct, tag=True):
+    pass
+
+
+# Logprob entries follow SGLang's native API: (logprob or None, token id).
+LogprobList = list[tuple[float | None, int]]
+
+
+class ReqDelta(msgspec.Struct):
+    """What one request produced in one step."""
+
+    rid: str
+    new_ids: list[int]
+    finish_reason: dict | None = None  # {"type": "stop"|"length"|"abort", "matched": ..., "message": ...}
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    output_logprobs: LogprobList | None = None
+    output_top_logprobs: list[LogprobList] | None = None
+    input_logprobs: LogprobList | None = None  # sent once, with the first delta
+    input_top_logprobs: list[LogprobList] | None = None
+    # Sent with a request's first delta, so a detokenizer that never saw the request can render it.
+    stop: list[str] | None = None
+    skip_special_tokens: bool = True
+
+
+class BatchTokenOut(msgspec.Struct, tag=True):
+    deltas: list[ReqDelta]
+
+
+class StrDelta(msgspec.Struct):
+    rid: str
+    text: str  # new text since the previous delta
+    delta: ReqDelta
+
+
+class BatchStrOut(msgspec.Struct, tag=True):
+    outputs: list[StrDelta]
+
+
+class SchedulerStats(msgspec.Struct, tag=True):
+    num_running: int
+    num_waiting: int
+    pages_total: int
+    pages_free: int
+    pages_evictable: int
+    pages_protected: int
+    pages_private: int
+    cache_hit_tokens: int
+    cache_miss_tokens: int
+    partial_tokens_reused: int
+    evicted_pages: int
+    num_retractions: int
+    last_step_seconds: float
+    steps: int

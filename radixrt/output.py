@@ -1,0 +1,56 @@
+"""Assembles one request's streamed deltas into SGLang's native response dict."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from radixrt.messages import StrDelta
+
+
+def _entries(items) -> list[list[Any]]:
+    return [[logprob, token, None] for logprob, token in items]
+
+
+class ResponseBuilder:
+    def __init__(self, rid: str, return_logprob: bool = False, top_logprobs_num: int = 0) -> None:
+        self.rid = rid
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num
+        self.text = ""
+        self.output_ids: list[int] = []
+        self.meta: dict[str, Any] = {"id": rid, "finish_reason": None, "prompt_tokens": 0, "completion_tokens": 0,
+                                     "cached_tokens": 0}
+        if return_logprob:
+            self.meta.update(input_token_logprobs=[], output_token_logprobs=[])
+            if top_logprobs_num:
+                self.meta.update(input_top_logprobs=[], output_top_logprobs=[])
+        self.started = time.perf_counter()
+        self.first_token_time: float | None = None
+        self.finished = False
+
+    def add(self, out: StrDelta) -> str:
+        """Fold one delta in; returns the new text."""
+        d = out.delta
+        self.text += out.text
+        self.output_ids.extend(d.new_ids)
+        if d.new_ids and self.first_token_time is None:
+            self.first_token_time = time.perf_counter()
+        self.meta.update(prompt_tokens=d.prompt_tokens, completion_tokens=d.completion_tokens,
+                         cached_tokens=d.cached_tokens)
+        if self.return_logprob:
+            if d.input_logprobs is not None:
+                self.meta["input_token_logprobs"] = _entries(d.input_logprobs)
+                if self.top_logprobs_num:
+                    self.meta["input_top_logprobs"] = [_entries(t) for t in (d.input_top_logprobs or [])]
+            self.meta["output_token_logprobs"].extend(_entries(d.output_logprobs or []))
+            if self.top_logprobs_num:
+                self.meta["output_top_logprobs"].extend(_entries(t) for t in (d.output_top_logprobs or []))
+        if d.finish_reason is not None:
+            self.finished = True
+            self.meta["finish_reason"] = d.finish_reason
+            self.meta["e2e_latency"] = time.perf_counter() - self.started
+        return out.text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": dict(self.meta)}

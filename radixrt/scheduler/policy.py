@@ -1,0 +1,52 @@
+"""Orders the waiting queue: longest prefix match, SGLang's DFS weight over the cache tree, or arrival order."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from radixrt.scheduler.request import Req
+
+POLICIES = ("lpm", "dfs-weight", "fcfs")
+# Matching every waiting request against the tree each step stops paying off for very long queues.
+LPM_MAX_QUEUE = 256
+
+
+def order_waiting(policy: str, waiting: list[Req], matches: dict[str, tuple[int, Any]]) -> list[Req]:
+    """``matches`` maps rid -> (matched tokens, deepest matched node)."""
+    if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
+        return list(waiting)
+    if policy == "lpm":
+        # Stable sort: equal matches keep arrival order.
+        return sorted(waiting, key=lambda r: -matches[r.rid][0])
+    if policy == "dfs-weight":
+        return _dfs_weight(waiting, matches)
+    raise ValueError(f"unknown schedule policy {policy!r}; choose one of {POLICIES}")
+
+
+def _dfs_weight(waiting: list[Req], matches: dict[str, tuple[int, Any]]) -> list[Req]:
+    """Walk the cache tree from the root, heaviest subtree (most waiting requests) first, so that requests
+    sharing a prefix run together while that prefix is cached."""
+    at_node: dict[int, list[Req]] = defaultdict(list)
+    children: dict[int, list[Any]] = defaultdict(list)
+    weight: dict[int, int] = defaultdict(int)
+    linked: set[tuple[int, int]] = set()
+    root = None
+    for req in waiting:
+        node = matches[req.rid][1]
+        at_node[id(node)].append(req)
+        child = None
+        while node is not None:
+            weight[id(node)] += 1
+            if child is not None and (id(node), id(child)) not in linked:
+                linked.add((id(node), id(child)))
+                children[id(node)].append(child)
+            child, node = node, node.parent
+        root = child
+    order: list[Req] = []
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        order.extend(at_node.get(id(node), []))
+        stack.extend(sorted(children.get(id(node), []), key=lambda c: weight[id(c)]))
+    return order

@@ -1,0 +1,83 @@
+"""A request as the scheduler sees it: its tokens, its pages and how far it has been computed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixrt.detokenize import TextStream
+from radixrt.messages import GenerateReq
+from radixrt.sampling.params import SamplingParams
+
+
+@dataclass
+class Req:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    # Page table: pages[:num_tree_pages] belong to the radix tree (protected by locking `node`); the rest are
+    # private to this request, one reference each.
+    pages: list[int] = field(default_factory=list)
+    num_tree_pages: int = 0
+    node: Any = None
+    num_computed: int = 0  # tokens of fill_ids whose K/V sit in `pages`
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache
+    finish_reason: dict | None = None
+    generator: torch.Generator | None = None
+    stop_text: TextStream | None = None  # set when the request has stop strings
+    grammar_future: Any = None  # compiling grammar (concurrent.futures.Future)
+    grammar: Any = None  # the request's constrained-decoding matcher once compiled
+    grammar_spec: tuple[str, str] | None = None
+    # logprobs, accumulated until sent
+    input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float | None, int]]] = field(default_factory=list)
+    pending_output_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    pending_output_top: list[list[tuple[float | None, int]]] = field(default_factory=list)
+    num_sent: int = 0  # output ids already reported
+    input_logprobs_sent: bool = False
+    num_retractions: int = 0
+    arrival: float = 0.0
+
+    @classmethod
+    def from_message(cls, msg: GenerateReq, default_seed: int) -> "Req":
+        req = cls(
+            rid=msg.rid,
+            prompt_ids=list(msg.input_ids),
+            params=msg.params,
+            return_logprob=msg.return_logprob,
+            logprob_start_len=msg.logprob_start_len,
+            top_logprobs_num=msg.top_logprobs_num,
+            grammar_spec=msg.grammar,
+        )
+        if not msg.params.greedy:
+            # Every sampled request draws from its own generator, so its tokens do not depend on the batch.
+            seed = msg.params.seed if msg.params.seed is not None else hash((default_seed, msg.rid)) & 0x7FFFFFFF
+            req.generator = torch.Generator().manual_seed(seed)
+        return req
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_to_compute(self) -> int:
+        """Tokens whose K/V are missing; the logits of the last of them give the next token."""
+        return self.total_len - self.num_computed
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

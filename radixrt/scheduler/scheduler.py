@@ -1,0 +1,553 @@
+"""The step loop: admit by policy within the page budget, build one mixed batch, forward, sample, finish.
+
+Page ownership follows the radix cache's rule: a page's single reference belongs to the tree or to the one
+request that allocated it. A running request reads tree pages under a lock on its deepest cached node.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import deque
+from typing import Callable
+
+import torch
+
+from radixrt.memory.page_pool import OutOfPagesError
+from radixrt.memory.radix_cache import RadixCache
+from radixrt.messages import AbortReq, BatchTokenOut, FlushCacheReq, GenerateReq, ReqDelta, SchedulerStats
+from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.model.runner import ModelRunner
+from radixrt.detokenize import TextStream
+from radixrt.sampling.logits_processor import apply_penalties, ban_tokens, token_logprobs
+from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.sampler import SamplingBatch, sample
+from radixrt.scheduler.policy import POLICIES, order_waiting
+from radixrt.scheduler.request import Req
+from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger("radixrt.scheduler")
+
+# Admission reserves pages for the future decodes of running requests, estimated as this fraction of their
+# remaining max_new_tokens. It rises after a retraction and decays back while memory is calm.
+INIT_NEW_TOKEN_RATIO = 0.5
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.002
+RETRACT_RATIO_STEP = 0.2
+# A waiting request whose uncached prefix overlaps a request admitted this step by this many tokens waits a
+# step, then reads that prefix from the cache instead of computing it twice.
+DEDUP_MIN_TOKENS = 32
+
+
+class RequestError(ValueError):
+    """A request the runtime cannot serve (a 4xx for the HTTP server)."""
+
+
+class ControlCall:
+    """A function the scheduler runs between steps, on its own thread (flush, stats snapshots)."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        import threading
+
+        self.fn = fn
+        self.result: object = None
+        self.done = threading.Event()
+
+
+class Scheduler:
+    def __init__(
+        self,
+        args: ServerArgs,
+        runner: ModelRunner,
+        tokenizer,
+        eos_ids: set[int],
+        sink: Callable[[BatchTokenOut], None],
+        grammars=None,
+    ) -> None:
+        if args.schedule_policy not in POLICIES:
+            raise ValueError(f"unknown schedule policy {args.schedule_policy!r}; choose one of {POLICIES}")
+        if args.chunked_prefill_size < 1:
+            raise ValueError("chunked_prefill_size must be >= 1")
+        self.args = args
+        self.runner = runner
+        self.pool = runner.pool
+        self.page_size = runner.page_size
+        self.tokenizer = tokenizer
+        self.eos_ids = set(eos_ids)
+        self.vocab_size = runner.config.vocab_size
+        self.context_length = runner.context_length
+        self.sink = sink
+        self.grammars = grammars
+        self.cache = RadixCache(
+            self.pool, disabled=args.disable_radix_cache, partial_page_reuse=not args.disable_partial_page_reuse
+        )
+        self.inbox: deque = deque()
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.num_retractions = 0
+        self.steps = 0
+        self.last_step_seconds = 0.0
+        self.forward_seconds = 0.0
+        self._last_log = time.monotonic()
+        self._step_tokens = 0
+        self.hit_tokens = 0  # prompt tokens served by the cache
+        self.miss_tokens = 0  # prompt tokens computed
+
+    # ----- intake -------------------------------------------------------------------------------------
+
+    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
+        """Raise RequestError for a request that can never be served. Safe to call from any thread."""
+        if not input_ids:
+            raise RequestError("the prompt is empty")
+        bad = [t for t in input_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"input_ids {bad[:5]} are outside the vocabulary (size {self.vocab_size})")
+        try:
+            params.validate(self.vocab_size)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        total = len(input_ids) + params.max_new_tokens
+        if total > self.context_length:
+            raise RequestError(
+                f"the prompt ({len(input_ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds "
+                f"the context length ({self.context_length})"
+            )
+        pages = math.ceil(total / self.page_size) + 1
+        if pages > self.pool.num_pages:
+            raise RequestError(
+                f"the prompt plus max_new_tokens needs {pages} KV pages; the pool has {self.pool.num_pages}"
+            )
+
+    def submit(self, msg: GenerateReq | AbortReq | FlushCacheReq | ControlCall) -> None:
+        """Thread-safe: messages are taken in at the start of the next step."""
+        self.inbox.append(msg)
+
+    def _take_inbox(self) -> None:
+        while self.inbox:
+            msg = self.inbox.popleft()
+            if isinstance(msg, GenerateReq):
+                self._add_request(msg)
+            elif isinstance(msg, AbortReq):
+                self._abort(msg.rid)
+            elif isinstance(msg, FlushCacheReq):
+                self.flush_cache()
+            elif isinstance(msg, ControlCall):
+                msg.result = msg.fn()
+                msg.done.set()
+
+    def _add_request(self, msg: GenerateReq) -> None:
+        req = Req.from_message(msg, self.args.seed)
+        req.arrival = time.monotonic()
+        try:
+            self.validate(req.prompt_ids, req.params)
+        except RequestError as exc:
+            self._finish(req, {"type": "abort", "message": str(exc)})
+            self._emit([req])
+            return
+        if req.params.stop:
+            req.stop_text = TextStream(self.tokenizer, req.params.stop, req.params.skip_special_tokens)
+        if msg.grammar is not None:
+            if self.grammars is None:
+                self._finish(req, {"type": "abort", "message": "constrained decoding is not available"})
+                self._emit([req])
+                return
+            req.grammar_future = self.grammars.compile_async(*msg.grammar)
+        self.waiting.append(req)
+
+    def _abort(self, rid: str) -> None:
+        for queue in (self.waiting, self.running):
+            for req in queue:
+                if req.rid == rid:
+                    queue.remove(req)
+                    self._release(req)
+                    self._finish(req, {"type": "abort", "message": "aborted"})
+                    self._emit([req])
+                    return
+
+    def flush_cache(self) -> bool:
+        """Drop every cached page; only possible while nothing runs."""
+        if self.running or self.waiting:
+            return False
+        self.cache.reset()
+        return True
+
+    @property
+    def idle(self) -> bool:
+        return not (self.inbox or self.waiting or self.running)
+
+    # ----- one step -----------------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Run one scheduling step; returns False when there was nothing to do."""
+        started = time.perf_counter()
+        had_messages = bool(self.inbox)
+        self._take_inbox()
+        self._admit()
+        plan = self._plan()
+        if not plan:
+            return had_messages
+        plan = self._reserve_pages(plan)
+        batch = ForwardBatch.build(
+            [SeqChunk(req.fill_ids[req.num_computed : req.num_computed + n], req.num_computed, req.pages,
+                      self._logits_from(req, n)) for req, n in plan],
+            self.page_size,
+            self.runner.device,
+        )
+        forward_started = time.perf_counter()
+        logits = self.runner.forward(batch)
+        self.forward_seconds = time.perf_counter() - forward_started
+        self._process(plan, logits.split(batch.logits_counts))
+        self.steps += 1
+        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        self.last_step_seconds = time.perf_counter() - started
+        self._step_tokens += sum(n for _, n in plan)
+        if self.args.debug_checks:
+            self.check()
+        self._maybe_log()
+        return True
+
+    # ----- admission ----------------------------------------------------------------------------------
+
+    def _match_limit(self, req: Req) -> int:
+        """Tokens the cache may serve: never the last one (its logits are needed), nor prompt logprob rows."""
+        limit = req.total_len - 1
+        if req.wants_prompt_logprobs:
+            limit = min(limit, max(req.logprob_start_len - 1, 0))
+        return limit
+
+    def _future_pages(self, req: Req) -> int:
+        remaining = max(req.params.max_new_tokens - len(req.output_ids), 0)
+        target = req.total_len + math.ceil(remaining * self.new_token_ratio)
+        return max(math.ceil(target / self.page_size) - len(req.pages), 0)
+
+    def _admit(self) -> None:
+        self.waiting = [r for r in self.waiting if not self._grammar_failed(r)]
+        ready = [r for r in self.waiting if self._grammar_ready(r)]
+        if not ready or len(self.running) >= self.args.max_running_requests:
+            return
+        matches = {}
+        for req in ready:
+            m = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False)
+            matches[req.rid] = (m.num_tokens + m.partial_tokens, m.node)
+        budget = self.args.chunked_prefill_size
+        available = self.pool.num_free + self.cache.evictable_pages - sum(self._future_pages(r) for r in self.running)
+        admitted: list[Req] = []
+        for req in order_waiting(self.args.schedule_policy, ready, matches):
+            if budget <= 0 or len(self.running) >= self.args.max_running_requests:
+                break
+            if self._shares_uncached_prefix(req, admitted, matches[req.rid][0]):
+                continue
+            match = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=req.num_retractions == 0)
+            self.cache.lock(match.node)
+            need = math.ceil((req.total_len + 1) / self.page_size) - len(match.pages)
+            reserve = math.ceil(
+                max(req.params.max_new_tokens - len(req.output_ids), 0) * self.new_token_ratio / self.page_size
+            )
+            if need + reserve > available and (self.running or admitted):
+                self.cache.unlock(match.node)
+                break
+            req.node = match.node
+            req.pages = list(match.pages)
+            req.num_tree_pages = len(match.pages)
+            req.num_computed = match.num_tokens
+            reused = self.cache.reuse_partial(match) if match.partial_tokens else None
+            if reused is not None:
+                page, tokens = reused
+                req.pages.append(page)
+                req.num_computed += tokens
+            if req.num_retractions == 0:
+                req.cached_tokens = req.num_computed
+                self.hit_tokens += req.num_computed
+                self.miss_tokens += len(req.prompt_ids) - req.num_computed
+            available -= need + reserve
+            budget -= req.num_to_compute
+            admitted.append(req)
+            self.running.append(req)
+        if admitted:
+            admitted_ids = {id(r) for r in admitted}
+            self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
+
+    def _shares_uncached_prefix(self, req: Req, admitted: list[Req], cached: int) -> bool:
+        if self.cache.disabled or not admitted:
+            return False
+        fill = req.fill_ids
+        for other in admitted:
+            common = len(os.path.commonprefix([fill, other.fill_ids]))
+            if common - cached >= max(DEDUP_MIN_TOKENS, self.page_size):
+                return True
+        return False
+
+    def _grammar_ready(self, req: Req) -> bool:
+        """A constrained request waits (without holding up others) until its grammar has compiled."""
+        return req.grammar_future is None or req.grammar_future.done()
+
+    def _grammar_failed(self, req: Req) -> bool:
+        future = req.grammar_future
+        if future is None or not future.done() or req.grammar is not None:
+            return False
+        error = future.exception()
+        if error is None:
+            req.grammar = future.result().matcher()
+            return False
+        self._finish(req, {"type": "abort", "message": f"invalid grammar: {error}"})
+        self._emit([req])
+        return True
+
+    # ----- batch planning and memory ------------------------------------------------------------------
+
+    def _plan(self) -> list[tuple[Req, int]]:
+        """Decodes take one token each; prefills share the chunked-prefill token budget in admission order."""
+        budget = self.args.chunked_prefill_size
+        plan: list[tuple[Req, int]] = []
+        for req in self.running:
+            todo = req.num_to_compute
+            if todo == 1:
+                plan.append((req, 1))
+            elif budget > 0:
+                n = min(todo, budget)
+                budget -= n
+                plan.append((req, n))
+        return plan
+
+    def _pages_short(self, plan: list[tuple[Req, int]]) -> int:
+        need = sum(max(math.ceil((r.num_computed + n) / self.page_size) - len(r.pages), 0) for r, n in plan)
+        return need - self.pool.num_free
+
+    def _reserve_pages(self, plan: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
+        """Give every planned request the pages its new tokens need: evict, then retract if that is not enough."""
+        short = self._pages_short(plan)
+        if short > 0:
+            self.cache.evict(short)
+            short = self._pages_short(plan)
+        while short > 0:
+            victim = min(self.running, key=lambda r: (len(r.output_ids), -r.arrival))
+            if len(self.running) == 1:
+                raise OutOfPagesError("a single request does not fit in the KV pool")  # prevented by validate()
+            self._retract(victim)
+            plan = [(r, n) for r, n in plan if r is not victim]
+            self.cache.evict(max(self._pages_short(plan), 0))
+            short = self._pages_short(plan)
+        for req, n in plan:
+            need = math.ceil((req.num_computed + n) / self.page_size) - len(req.pages)
+            if need > 0:
+                req.pages.extend(self.pool.alloc(need))
+        return plan
+
+    def _retract(self, req: Req) -> None:
+        """Memory pressure: drop a request's pages (keeping what it computed in the cache) and requeue it."""
+        self.running.remove(req)
+        self._release(req)
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.new_token_ratio = min(1.0, self.new_token_ratio + RETRACT_RATIO_STEP)
+        self.waiting.insert(0, req)
+        logger.info("retracted %s (%d outputs) under memory pressure", req.rid, len(req.output_ids))
+
+    def _release(self, req: Req) -> None:
+        """Hand the request's computed whole pages to the cache, free the rest, unlock its path."""
+        if req.node is None and not req.pages:
+            return
+        whole = min(req.num_computed // self.page_size, len(req.pages))
+        result = self.cache.insert(req.fill_ids[: whole * self.page_size], req.pages[:whole])
+        kept = set(result.tree_pages)
+        private = [p for p in req.pages[req.num_tree_pages :] if p not in kept]
+        self.pool.decref(private)
+        if req.node is not None:
+            self.cache.unlock(req.node)
+        req.node, req.pages, req.num_tree_pages = None, [], 0
+        req.num_computed = 0
+
+    def _cache_prefix(self, req: Req) -> None:
+        """After a prefill chunk: put the request's computed whole pages in the tree for others to share."""
+        whole = req.num_computed // self.page_size
+        if self.cache.disabled or whole <= req.num_tree_pages:
+            return
+        result = self.cache.insert(req.fill_ids[: whole * self.page_size], req.pages[:whole])
+        kept = set(result.tree_pages)
+        self.pool.decref([p for p in result.duplicates if p not in kept])
+        req.pages[: len(result.tree_pages)] = result.tree_pages
+        self.cache.lock(result.node)
+        if req.node is not None:
+            self.cache.unlock(req.node)
+        req.node = result.node
+        req.num_tree_pages = len(result.tree_pages)
+
+    # ----- after the forward --------------------------------------------------------------------------
+
+    def _logits_from(self, req: Req, n: int) -> int:
+        """First row of this chunk whose logits are needed (prompt logprobs start early)."""
+        if req.wants_prompt_logprobs:
+            first_position = max(req.logprob_start_len - 1, 0)
+            if first_position < req.num_computed + n:
+                return max(first_position - req.num_computed, 0)
+        return n - 1
+
+    def _process(self, plan: list[tuple[Req, int]], logits_rows: tuple[torch.Tensor, ...]) -> None:
+        samplers: list[Req] = []
+        last_rows: list[torch.Tensor] = []
+        for (req, n), rows in zip(plan, logits_rows):
+            start = req.num_computed
+            if req.wants_prompt_logprobs:
+                self._collect_prompt_logprobs(req, start, n, rows)
+            req.num_computed += n
+            if n > 1:
+                self._cache_prefix(req)
+            if req.num_computed < req.total_len:
+                continue  # a prefill chunk that does not reach the end yet
+            if req.params.max_new_tokens == 0:  # prompt only: logprobs, or prefilling a shared prefix
+                self._finish(req, {"type": "length", "matched": None})
+            else:
+                samplers.append(req)
+                last_rows.append(rows[-1])
+        if samplers:
+            next_ids = self._sample(samplers, torch.stack(last_rows))
+            for req, token in zip(samplers, next_ids):
+                req.output_ids.append(token)
+                self._check_finish(req, token)
+        progressed = [req for req, _ in plan if req.num_computed == req.total_len - 1 or req.finished]
+        for req in progressed:
+            if req.finished:
+                self.running.remove(req)
+                self._release(req)
+        self._emit(progressed)
+
+    def _collect_prompt_logprobs(self, req: Req, start: int, n: int, rows: torch.Tensor) -> None:
+        """Row i of ``rows`` holds the logits after position ``start + n - len(rows) + i``."""
+        first_row_position = start + n - rows.shape[0]
+        prompt_len = len(req.prompt_ids)
+        if req.logprob_start_len == 0 and not req.input_logprobs and start == 0:
+            req.input_logprobs.append((None, req.prompt_ids[0]))
+            if req.top_logprobs_num:
+                req.input_top_logprobs.append([])
+        positions = [first_row_position + i for i in range(rows.shape[0])]
+        keep = [i for i, q in enumerate(positions)
+                if max(req.logprob_start_len - 1, 0) <= q < prompt_len - 1 and q + 1 >= req.logprob_start_len]
+        if not keep:
+            return
+        targets = torch.tensor([req.prompt_ids[positions[i] + 1] for i in keep])
+        logprobs = torch.log_softmax(rows[keep].float(), dim=-1)
+        chosen, top = token_logprobs(logprobs, targets, req.top_logprobs_num)
+        req.input_logprobs.extend(zip(chosen, targets.tolist()))
+        if top is not None:
+            req.input_top_logprobs.extend(top)
+
+    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
+        params = [r.params for r in reqs]
+        raw = logits
+        logits = logits.clone()
+        apply_penalties(logits, params, [r.prompt_ids for r in reqs], [r.output_ids for r in reqs])
+        banned = []
+        for r in reqs:
+            ids: list[int] = []
+            if len(r.output_ids) < r.params.min_new_tokens:
+                ids = sorted((set() if r.params.ignore_eos else self.eos_ids) | set(r.params.stop_token_ids or []))
+            banned.append(ids)
+        ban_tokens(logits, banned)
+        if any(r.grammar is not None for r in reqs):
+            self.grammars.apply_masks(logits, [r.grammar for r in reqs])
+        batch = SamplingBatch.build(params, self.vocab_size, [r.generator for r in reqs])
+        tokens = sample(logits, batch)
+        wants = [i for i, r in enumerate(reqs) if r.return_logprob]
+        if wants:
+            top_k = max(reqs[i].top_logprobs_num for i in wants)
+            logprobs = torch.log_softmax(raw[wants].float(), dim=-1)
+            chosen, top = token_logprobs(logprobs, tokens[wants], top_k)
+            for j, i in enumerate(wants):
+                reqs[i].pending_output_logprobs.append((chosen[j], int(tokens[i])))
+                if reqs[i].top_logprobs_num:
+                    reqs[i].pending_output_top.append(top[j][: reqs[i].top_logprobs_num])
+        return tokens.tolist()
+
+    def _check_finish(self, req: Req, token: int) -> None:
+        params = req.params
+        if req.grammar is not None:
+            req.grammar.accept_token(token)
+        if token in (params.stop_token_ids or []) or (token in self.eos_ids and not params.ignore_eos):
+            self._finish(req, {"type": "stop", "matched": token})
+            return
+        if req.stop_text is not None:
+            req.stop_text.add([token])
+            if req.stop_text.stopped_at is not None:
+                self._finish(req, {"type": "stop", "matched": req.stop_text.stopped_at})
+                return
+        if req.grammar is not None and req.grammar.is_finished():
+            self._finish(req, {"type": "stop", "matched": None})
+            return
+        if len(req.output_ids) >= params.max_new_tokens or req.total_len >= self.context_length:
+            self._finish(req, {"type": "length", "matched": None})
+
+    def _finish(self, req: Req, reason: dict) -> None:
+        req.finish_reason = reason
+
+    def _emit(self, reqs: list[Req]) -> None:
+        deltas = []
+        for req in reqs:
+            delta = ReqDelta(
+                rid=req.rid,
+                new_ids=req.output_ids[req.num_sent :],
+                finish_reason=req.finish_reason,
+                prompt_tokens=len(req.prompt_ids),
+                cached_tokens=req.cached_tokens,
+                completion_tokens=len(req.output_ids),
+            )
+            if req.num_sent == 0 and not req.input_logprobs_sent:
+                delta.stop = req.params.stop
+                delta.skip_special_tokens = req.params.skip_special_tokens
+            if req.return_logprob:
+                delta.output_logprobs, req.pending_output_logprobs = req.pending_output_logprobs, []
+                if req.top_logprobs_num:
+                    delta.output_top_logprobs, req.pending_output_top = req.pending_output_top, []
+                if not req.input_logprobs_sent and req.wants_prompt_logprobs:
+                    delta.input_logprobs = req.input_logprobs
+                    delta.input_top_logprobs = req.input_top_logprobs if req.top_logprobs_num else None
+            req.input_logprobs_sent = True
+            req.num_sent = len(req.output_ids)
+            deltas.append(delta)
+        if deltas:
+            self.sink(BatchTokenOut(deltas))
+
+    # ----- health -------------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Page accounting invariants (debug mode and tests)."""
+        private = [p for r in self.running for p in r.pages[r.num_tree_pages :]]
+        assert len(private) == len(set(private)), "a private page is listed twice"
+        self.cache.check(private)
+        total = self.pool.num_free + self.cache.cached_pages + len(private)
+        assert total == self.pool.num_pages, f"pages leak: free+cached+private={total} of {self.pool.num_pages}"
+
+    def stats(self) -> SchedulerStats:
+        s = self.cache.stats
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            pages_total=self.pool.num_pages,
+            pages_free=self.pool.num_free,
+            pages_evictable=self.cache.evictable_pages,
+            pages_protected=self.cache.protected_pages,
+            pages_private=sum(len(r.pages) - r.num_tree_pages for r in self.running),
+            cache_hit_tokens=self.hit_tokens,
+            cache_miss_tokens=self.miss_tokens,
+            partial_tokens_reused=s.partial_tokens_reused,
+            evicted_pages=s.evicted_pages,
+            num_retractions=self.num_retractions,
+            last_step_seconds=self.last_step_seconds,
+            steps=self.steps,
+        )
+
+    def _maybe_log(self) -> None:
+        interval = self.args.log_interval
+        now = time.monotonic()
+        if interval <= 0 or now - self._last_log < interval:
+            return
+        s = self.stats()
+        hit = s.cache_hit_tokens / max(s.cache_hit_tokens + s.cache_miss_tokens, 1)
+        logger.info(
+            "step %d: running %d, waiting %d, %.1f tok/s, pages used %d/%d (evictable %d), cache hit %.1f%%, "
+            "retractions %d", s.steps, s.num_running, s.num_waiting, self._step_tokens / (now - self._last_log),
+            s.pages_total - s.pages_free, s.pages_total, s.pages_evictable, 100 * hit, s.num_retractions,
+        )
+        self._last_log, self._step_tokens = now, 0

@@ -1,0 +1,56 @@
+import pytest
+import torch
+
+from radixrt.sampling.logits_processor import apply_penalties, ban_tokens, token_logprobs
+from radixrt.sampling.params import SamplingParams
+from radixrt.sampling.sampler import SamplingBatch, sample
+
+
+def test_penalties_follow_their_definitions():
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, 3.0]])
+    params = [SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)]
+    out = apply_penalties(logits.clone(), params, prompts=[[0]], outputs=[[1, 2, 2]])
+    # repetition over prompt+output: positive / 2, negative * 2; then frequency and presence over the output
+    expected = torch.tensor([[1.0, -4.0 - 0.5 - 0.25, 0.5 - 1.0 - 0.25, 0.5, 3.0]])
+    torch.testing.assert_close(out, expected)
+
+
+def test_ban_tokens_and_logprobs():
+    logits = ban_tokens(torch.zeros(2, 4), [[1, 3], []])
+    assert torch.isinf(logits[0, 1]) and torch.isinf(logits[0, 3]) and not torch.isinf(logits[1]).any()
+    logprobs = torch.log_softmax(torch.tensor([[0.0, 1.0, 2.0]]), -1)
+    chosen, top = token_logprobs(logprobs, torch.tensor([1]), 2)
+    assert chosen == pytest.approx([logprobs[0, 1].item()])
+    assert [t for _, t in top[0]] == [2, 1]
+
+
+def test_filters_restrict_the_support():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 4))
+    params = [SamplingParams(top_k=2), SamplingParams(top_p=0.6), SamplingParams(min_p=0.5),
+              SamplingParams(temperature=0.0)]
+    batch = SamplingBatch.build(params, 4)
+    seen = [set() for _ in params]
+    for _ in range(300):
+        for row, token in enumerate(sample(logits, batch).tolist()):
+            seen[row].add(token)
+    assert seen == [{0, 1}, {0, 1}, {0, 1}, {0}]
+
+
+def test_seeded_rows_use_their_own_generator():
+    logits = torch.zeros(2, 1000)
+    params = [SamplingParams(seed=3), SamplingParams()]
+    first = sample(logits, SamplingBatch.build(params, 1000, [torch.Generator().manual_seed(3), None]))
+    again = sample(logits, SamplingBatch.build(params, 1000, [torch.Generator().manual_seed(3), None]))
+    assert first[0] == again[0]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"temperature": -0.1}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"top_k": 0}, "top_k"),
+    ({"min_p": 2}, "min_p"), ({"repetition_penalty": 0}, "repetition_penalty"), ({"n": 0}, "n must"),
+    ({"max_new_tokens": -1}, "max_new_tokens"), ({"min_new_tokens": 5, "max_new_tokens": 2}, "min_new_tokens"),
+    ({"stop": [""]}, "stop strings"), ({"regex": "a", "json_schema": "{}"}, "only one"),
+])
+def test_bad_sampling_values_are_named(bad, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams.from_dict(bad).validate()
