@@ -1,0 +1,36 @@
+"""Shared helpers of the Triton kernels: interpreter detection and the autotune guard.
+
+Importing this module imports triton, so only the kernel modules import it (never ``triton_ops`` at
+module level). ``TRITON_INTERPRET=1`` must be set before the kernel modules are imported for the
+interpreter to take effect: ``triton_ops`` does that when no CUDA device exists.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl  # noqa: F401  (re-exported for the kernel modules)
+
+INTERPRET: bool = bool(triton.knobs.runtime.interpret)
+# Autotuning benchmarks configs on a real device; the interpreter can run neither the timer nor the configs.
+HAS_GPU_DRIVER: bool = (not INTERPRET) and torch.cuda.is_available()
+
+
+def autotune(configs: list, key: list[str]):
+    """``triton.autotune`` where a GPU driver exists, else the identity (launchers then pass defaults)."""
+    if HAS_GPU_DRIVER:
+        return triton.autotune(configs=configs, key=key)
+    return lambda fn: fn
+
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    return max(minimum, triton.next_power_of_2(int(n)))
+
+
+def dot_in_fp32(dtype: torch.dtype) -> bool:
+    """Whether tiles are upcast to fp32 before ``tl.dot``.
+
+    Always in the interpreter (its bf16 arithmetic is wrong); on a GPU only for fp32 inputs, which then
+    use IEEE fp32 products (no TF32) so the kernels match the fp32 reference to 1e-5.
+    """
+    return INTERPRET or dtype == torch.float32
