@@ -26,6 +26,7 @@ from radixrt.sampling.params import SamplingParams
 from radixrt.sampling.sampler import SamplingBatch, sample
 from radixrt.scheduler.policy import POLICIES, order_waiting
 from radixrt.scheduler.request import Req
+from radixrt.scheduler.validation import RequestError, validate_request
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.scheduler")
@@ -39,10 +40,6 @@ RETRACT_RATIO_STEP = 0.2
 # A waiting request whose uncached prefix overlaps a request admitted this step by this many tokens waits a
 # step, then reads that prefix from the cache instead of computing it twice.
 DEDUP_MIN_TOKENS = 32
-
-
-class RequestError(ValueError):
-    """A request the runtime cannot serve (a 4xx for the HTTP server)."""
 
 
 class ControlCall:
@@ -100,26 +97,8 @@ class Scheduler:
 
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError for a request that can never be served. Safe to call from any thread."""
-        if not input_ids:
-            raise RequestError("the prompt is empty")
-        bad = [t for t in input_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise RequestError(f"input_ids {bad[:5]} are outside the vocabulary (size {self.vocab_size})")
-        try:
-            params.validate(self.vocab_size)
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
-        total = len(input_ids) + params.max_new_tokens
-        if total > self.context_length:
-            raise RequestError(
-                f"the prompt ({len(input_ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds "
-                f"the context length ({self.context_length})"
-            )
-        pages = math.ceil(total / self.page_size) + 1
-        if pages > self.pool.num_pages:
-            raise RequestError(
-                f"the prompt plus max_new_tokens needs {pages} KV pages; the pool has {self.pool.num_pages}"
-            )
+        validate_request(input_ids, params, vocab_size=self.vocab_size, context_length=self.context_length,
+                         page_size=self.page_size, num_pages=self.pool.num_pages)
 
     def submit(self, msg: GenerateReq | AbortReq | FlushCacheReq | ControlCall) -> None:
         """Thread-safe: messages are taken in at the start of the next step."""
