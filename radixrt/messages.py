@@ -86,3 +86,35 @@ class SchedulerStats(msgspec.Struct, tag=True):
     num_retractions: int
     last_step_seconds: float
     steps: int
+
+
+# ----- server mode: handshake and control replies (scheduler / detokenizer -> tokenizer side) -----------
+
+
+class SchedulerReady(msgspec.Struct, tag=True):
+    """Sent once the model is loaded: what the HTTP process needs to validate requests itself."""
+
+    pid: int
+    model_info: dict  # Engine.get_model_info()'s dict
+    vocab_size: int
+    context_length: int
+    page_size: int
+    num_pages: int
+
+
+class DetokenizerReady(msgspec.Struct, tag=True):
+    pid: int
+
+
+class FlushCacheOut(msgspec.Struct, tag=True):
+    ok: bool
+
+
+class StatsOut(msgspec.Struct, tag=True):
+    """Reply to StatsReq: a scheduler snapshot plus the step latency histogram (cumulative Prometheus buckets)."""
+
+    stats: SchedulerStats
+    step_buckets: list[float]
+    step_counts: list[int]
+    step_sum: float
+    step_count: int
