@@ -408,7 +408,8 @@ def test_run_batch_results_order_threads_and_progress(engine, backend):
 
 
 def test_run_batch_prefills_the_shared_prefix_once():
-    header = "".join(f"Example {k}: the answer to question {k} is {k * 7}.\n" for k in range(60))
+    # A ~1,000-token few-shot header shared by 64 programs.
+    header = "".join(f"Example {k}: the answer to question {k} is {k * 7}.\n" for k in range(92))
     engine = FakeEngine(responder=lambda p, sp: " 42\n")
     backend = EngineBackend(engine)
 
@@ -417,17 +418,18 @@ def test_run_batch_prefills_the_shared_prefix_once():
         s += header
         s += "Question: " + question + "\nAnswer:" + sgl.gen("answer", stop="\n", max_tokens=4)
 
-    states = few_shot.run_batch([{"question": f"q{i}"} for i in range(16)], backend=backend, num_threads=8)
+    states = few_shot.run_batch([{"question": f"q{i}"} for i in range(64)], backend=backend)
     assert all(st["answer"] == " 42" for st in states)
     hints = [r for r in engine.requests if r["sampling_params"].get("max_new_tokens") == 0]
     # The traced constant prefix (up to the first argument), sent once, first.
     assert [r["text"] for r in hints] == [header + "Question: "]
     assert engine.requests[0]["text"] == header + "Question: "
     header_tokens = len(engine.tokenizer.encode(header))
+    assert header_tokens >= 1000
     gens = engine.requests[1:]
-    assert len(gens) == 16 and all(r["cached_tokens"] >= header_tokens for r in gens)
+    assert len(gens) == 64 and all(r["cached_tokens"] >= header_tokens for r in gens)
     # The header is computed once in all: the rest are the per-program suffixes.
-    assert engine.computed_tokens() < header_tokens + 16 * 12
+    assert engine.computed_tokens() < header_tokens + 64 * 12
 
 
 def test_tracer_prefix_extraction(backend):
