@@ -1,0 +1,79 @@
+"""Constrained decoding: regex, JSON schema, choices and JSON-object constraints as token masks,
+with jump-forward decoding. Built on outlines-core's token ``Index``; nothing reaches the network.
+
+API (what the scheduler and the HTTP layer use)::
+
+    compiler = GrammarCompiler(tokenizer, eos_token_ids, cache_size=64, max_workers=1, vocab_size=V)
+    compiler.validate(kind, spec) -> str         # HTTP layer, before queueing: ValueError -> 400
+    future = compiler.compile_async(kind, spec)  # Future[Grammar], never blocks; LRU-cached
+    kind: "regex" (str) | "json_schema" (str or dict) | "json_object" (spec ignored) | "choices" (list[str])
+    constraint_of(sampling_params) -> (kind, spec) | None   # from regex / json_schema / choices
+
+    matcher = GrammarMatcher(future.result())    # one per request, once the future is done
+    bitmask = allocate_bitmask(max_batch, V)     # int32 [B, ceil(V/32)], packed bits
+    rows = fill_bitmasks(bitmask, [matcher or None for each row])
+    apply_bitmask(logits, bitmask, rows)         # disallowed -> -inf, in place, one vectorised step
+    matcher.accept_token(sampled_id) -> bool
+    jf = jump_forward(matcher, output_ids, tokenizer)  # JumpForward(num_tokens_to_drop, tokens_to_append) | None
+
+Rules the scheduler follows for a constrained request:
+- Admission: a request whose ``future`` is not done waits (it is simply not admitted this step; others
+  run). A failed future (``ValueError``) finishes the request with that error; nothing else is affected.
+- Each step, before sampling: fill its bitmask row from the matcher and apply the mask to the logits
+  (after penalties, before temperature/top-k/top-p). Unconstrained rows stay untouched.
+- After sampling: ``matcher.accept_token(token)``. It is always True for a token sampled under the
+  mask; False means a bug (or a token not sampled under the mask): finish the request with an error.
+- eos is allowed by the mask only in accepting states (``matcher.can_terminate()``): sampling eos there
+  ends the request normally. ``matcher.is_finished()`` (accepting and nothing but eos may follow, or eos
+  accepted) means the output is complete: finish the request (reason "stop") without another forward.
+  ``ignore_eos`` must not apply to constrained requests in accepting states with no continuation.
+- Jump-forward (optional, on by default): after accepting a token and when not finished, call
+  ``jump_forward``; if it returns a ``JumpForward``, drop/append as its docstring says (KV of dropped
+  tokens is recomputed; the appended tokens need one extend forward) then check ``is_finished()`` again.
+  Off: never call it; the output is a valid match either way.
+- Retraction/abort: the matcher's state is plain Python; ``rollback(n)`` undoes n tokens, ``copy()`` forks.
+"""
+
+from radixrt.constrained.grammar import KINDS, Grammar, GrammarCompiler
+from radixrt.constrained.jump_forward import JumpForward, jump_forward
+from radixrt.constrained.masks import (
+    allocate_bitmask,
+    apply_bitmask,
+    apply_bitmask_reference,
+    bitmask_words,
+    fill_bitmasks,
+    unpack_bitmask,
+)
+from radixrt.constrained.matcher import GrammarMatcher
+from radixrt.constrained.vocabulary import TokenizerInfo, build_vocabulary, get_tokenizer_info
+
+
+def constraint_of(params) -> tuple[str, object] | None:
+    """(kind, spec) of a request's ``SamplingParams`` (regex, json_schema or choices), or None."""
+    if getattr(params, "regex", None) is not None:
+        return "regex", params.regex
+    if getattr(params, "json_schema", None) is not None:
+        return "json_schema", params.json_schema
+    if getattr(params, "choices", None) is not None:
+        return "choices", list(params.choices)
+    return None
+
+
+__all__ = [
+    "KINDS",
+    "Grammar",
+    "GrammarCompiler",
+    "GrammarMatcher",
+    "JumpForward",
+    "TokenizerInfo",
+    "allocate_bitmask",
+    "apply_bitmask",
+    "apply_bitmask_reference",
+    "bitmask_words",
+    "build_vocabulary",
+    "constraint_of",
+    "fill_bitmasks",
+    "get_tokenizer_info",
+    "jump_forward",
+    "unpack_bitmask",
+]

@@ -1,0 +1,289 @@
+"""Compiled grammars (an outlines-core token ``Index`` plus per-state caches) and their compiler.
+
+``GrammarCompiler`` turns a request's constraint into a ``Grammar`` off the scheduler's thread:
+``validate`` is fast and raises ``ValueError`` for bad input (the HTTP layer calls it before the
+request is queued); ``compile_async`` returns a ``Future`` at once, compiling in a thread pool (the
+Rust index builder releases the GIL, so other requests keep decoding meanwhile). Compiled grammars are
+kept in an LRU cache keyed by (kind, normalised spec); one compiler serves one tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from radixrt.constrained import patterns
+from radixrt.constrained.vocabulary import TokenizerInfo, get_tokenizer_info
+
+KINDS = ("regex", "json_schema", "json_object", "choices")
+
+
+class Grammar:
+    """One compiled constraint: immutable, shared by every request that uses the same spec.
+
+    States are outlines-core index states (ints). Per state it caches, on first visit, the packed
+    bitmask row of allowed tokens, whether it is accepting, whether anything but eos may follow, and
+    the forced continuation bytes (for jump-forward). Reads and the lazy fill are safe from any thread.
+    """
+
+    def __init__(self, kind: str, spec_key: str, regex: str, index, info: TokenizerInfo, mask_vocab_size: int):
+        self.kind = kind
+        self.spec_key = spec_key
+        self.regex = regex
+        self.index = index
+        self.info = info
+        self.mask_vocab_size = mask_vocab_size  # bits per mask row (the model's logits width)
+        self.words = (mask_vocab_size + 31) // 32
+        self.initial_state: int = index.get_initial_state()
+        self.compile_seconds = 0.0
+        self._final = frozenset(index.get_final_states())
+        self._rows: dict[int, torch.Tensor] = {}
+        self._continues: dict[int, bool] = {}
+        self._forced_byte: dict[int, int] = {}
+        self._forced: dict[int, tuple[bytes, int]] = {}
+        self._forced_text: dict[int, tuple[str, int]] = {}
+        self._lock = threading.Lock()
+        self._eos_bits = [t for t in info.eos_token_ids if t < mask_vocab_size]
+
+    # -- transitions
+
+    def next_state(self, state: int, token_id: int) -> int | None:
+        """State after ``token_id`` (a grammar token, not eos), or None when it is not allowed."""
+        if token_id in self.info.eos_token_ids:
+            return None
+        return self.index.get_next_state(state, token_id)
+
+    def is_accepting(self, state: int) -> bool:
+        return state in self._final
+
+    def has_continuation(self, state: int) -> bool:
+        """Whether some non-eos token may follow ``state``."""
+        if state not in self._continues:
+            self._visit(state)
+        return self._continues[state]
+
+    def allowed_row(self, state: int) -> torch.Tensor:
+        """Packed allowed-token bits of ``state``: int32 ``[words]``, bit ``i % 32`` of word ``i // 32``."""
+        row = self._rows.get(state)
+        if row is None:
+            self._visit(state)
+            row = self._rows[state]
+        return row
+
+    def _visit(self, state: int) -> None:
+        allowed = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
+        eos = np.isin(allowed, self.info.eos_token_ids)
+        tokens = allowed[~eos]
+        tokens = tokens[tokens < self.mask_vocab_size]
+        bits = np.zeros(self.words * 32, dtype=bool)
+        bits[tokens] = True
+        accepting = state in self._final
+        if accepting or tokens.size == 0:
+            # eos only where the grammar may end (or, defensively, where nothing else is left).
+            bits[self._eos_bits] = True
+        row = torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32).copy())
+        first = self.info.first_byte[tokens] if tokens.size else np.empty(0, dtype=np.int16)
+        forced = int(first[0]) if first.size and not accepting and (first == first[0]).all() else -1
+        with self._lock:
+            self._continues[state] = bool(tokens.size)
+            self._forced_byte[state] = forced
+            self._rows[state] = row
+
+    # -- jump-forward
+
+    def forced_bytes(self, state: int) -> tuple[bytes, int]:
+        """The bytes every continuation from ``state`` must start with, and the state after them.
+
+        A byte is forced while the state is not accepting and every allowed token starts with it; the
+        walk steps through the single-byte token of that byte. Empty when nothing is forced.
+        """
+        cached = self._forced.get(state)
+        if cached is not None:
+            return cached
+        out = bytearray()
+        current = state
+        seen = {state}
+        while True:
+            if current not in self._forced_byte:
+                self._visit(current)
+            byte = self._forced_byte[current]
+            token = self.info.byte_tokens.get(byte) if byte >= 0 else None
+            following = self.index.get_next_state(current, token) if token is not None else None
+            if following is None or following in seen:
+                break
+            out.append(byte)
+            current = following
+            seen.add(current)
+        result = (bytes(out), current)
+        with self._lock:
+            self._forced[state] = result
+        return result
+
+    def forced_text(self, state: int) -> tuple[str, int]:
+        """``forced_bytes`` cut to whole UTF-8 characters, and the state after that text."""
+        cached = self._forced_text.get(state)
+        if cached is not None:
+            return cached
+        result = self._compute_forced_text(state)
+        with self._lock:
+            self._forced_text[state] = result
+        return result
+
+    def _compute_forced_text(self, state: int) -> tuple[str, int]:
+        data, _ = self.forced_bytes(state)
+        if not data or 0x80 <= data[0] < 0xC0:  # empty, or the state sits inside a character
+            return "", state
+        cut = len(data)
+        while cut > 0:
+            try:
+                text = data[:cut].decode("utf-8")
+                break
+            except UnicodeDecodeError:
+                cut -= 1
+        else:
+            return "", state
+        current = state
+        for byte in data[:cut]:
+            current = self.index.get_next_state(current, self.info.byte_tokens[byte])
+        return text, current
+
+    def __repr__(self) -> str:
+        return f"Grammar({self.kind}, regex={self.regex[:60]!r}{'...' if len(self.regex) > 60 else ''})"
+
+
+class GrammarCompiler:
+    """Validates and compiles constraints for one tokenizer; an LRU cache of compiled grammars.
+
+    ``vocab_size``: the width of the model's logits (defaults to the tokenizer's size); mask rows have
+    this many bits, ids the tokenizer lacks are never allowed. ``json_whitespace``: regex allowed
+    between JSON tokens (default "": compact JSON, the best for jump-forward; outlines' is ``[ ]?``).
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        eos_token_ids,
+        cache_size: int = 64,
+        max_workers: int = 1,
+        vocab_size: int | None = None,
+        json_whitespace: str = "",
+    ):
+        self.json_whitespace = json_whitespace
+        self.info = get_tokenizer_info(tokenizer, eos_token_ids)
+        self.vocab_size = max(vocab_size or 0, self.info.vocab_size)
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar")
+        self.hits = 0
+        self.misses = 0
+
+    # -- validation (fast, on the caller's thread)
+
+    def validate(self, kind: str, spec: Any = None) -> str:
+        """The regex ``spec`` compiles to, or ``ValueError`` naming the problem. No token index is built."""
+        _, regex = self._normalise(kind, spec)
+        return regex
+
+    def _normalise(self, kind: str, spec: Any) -> tuple[str, str]:
+        """(cache key text, regex) for a constraint."""
+        if kind == "regex":
+            try:
+                return spec, patterns.check_regex(spec)
+            except patterns._PythonSyntaxError as python_error:
+                # Python rejects Rust-only syntax (\p{L}, \x{..}, [[:alpha:]]); let the engine decide.
+                if not self._engine_accepts(spec):
+                    raise ValueError(str(python_error)) from None
+                return spec, spec
+        if kind == "json_schema":
+            schema = patterns.parse_json_schema(spec)
+            key = json.dumps(schema, separators=(",", ":"))  # keeps property order: it shapes the regex
+            return key, patterns.json_schema_regex(schema, self.json_whitespace)
+        if kind == "json_object":
+            return "", patterns.json_object_regex(self.json_whitespace)
+        if kind == "choices":
+            regex = patterns.choices_regex(spec)
+            return json.dumps(list(spec)), regex
+        raise ValueError(f"unknown constraint kind {kind!r} (expected one of {', '.join(KINDS)})")
+
+    def _engine_accepts(self, regex: str) -> bool:
+        from outlines_core import Index, Vocabulary
+
+        eos = self.info.eos_token_ids[0]
+        tiny = Vocabulary(eos, {bytes([b]): [b if b != eos else 256] for b in range(128)})
+        try:
+            Index(regex, tiny)
+            return True
+        except Exception:
+            return False
+
+    # -- compilation
+
+    def compile_async(self, kind: str, spec: Any = None) -> "Future[Grammar]":
+        """A future of the compiled grammar; never blocks. Invalid input fails the future with
+        ``ValueError`` (call ``validate`` first to reject it earlier). Cached by (kind, spec)."""
+        try:
+            key_text, regex = self._normalise(kind, spec)
+        except ValueError as exc:
+            failed: Future = Future()
+            failed.set_exception(exc)
+            return failed
+        key = (kind, key_text)
+        with self._lock:
+            future = self._cache.get(key)
+            if future is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return future
+            self.misses += 1
+            future = self._pool.submit(self._build, kind, key_text, regex)
+            self._cache[key] = future
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        future.add_done_callback(lambda f, key=key: self._forget_failure(key, f))
+        return future
+
+    def compile(self, kind: str, spec: Any = None, timeout: float | None = None) -> Grammar:
+        """Blocking convenience (tests, offline use)."""
+        return self.compile_async(kind, spec).result(timeout)
+
+    def _forget_failure(self, key, future: Future) -> None:
+        if future.exception() is not None:
+            with self._lock:
+                if self._cache.get(key) is future:
+                    del self._cache[key]
+
+    def _build(self, kind: str, key_text: str, regex: str) -> Grammar:
+        from outlines_core import Index
+
+        start = time.perf_counter()
+        try:
+            index = Index(regex, self.info.vocabulary)
+        except BaseException as exc:  # pyo3 may raise its own exception types
+            raise ValueError(f"cannot compile {kind} into a token index: {exc}") from None
+        grammar = Grammar(kind, key_text, regex, index, self.info, self.vocab_size)
+        grammar.allowed_row(grammar.initial_state)  # warm the first state off the hot path
+        grammar.forced_bytes(grammar.initial_state)
+        grammar.compile_seconds = time.perf_counter() - start
+        return grammar
+
+    def cached(self, kind: str, spec: Any = None) -> bool:
+        try:
+            key_text, _ = self._normalise(kind, spec)
+        except ValueError:
+            return False
+        with self._lock:
+            return (kind, key_text) in self._cache
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,116 @@
+"""Token bitmasks for a batch, and applying them to the logits in one vectorised step.
+
+Layout: int32 ``[batch, ceil(vocab / 32)]``, token ``t`` allowed iff bit ``t % 32`` of word ``t // 32``
+is set (the layout of outlines-core's and xgrammar's kernels). A row of all ones (``-1``) leaves the
+request unconstrained. Packed rows are 32x smaller than bool rows: cached per grammar state, copied per
+step (``torch.stack``, one op for the batch) and cheap to move to an accelerator.
+
+Applying on CPU: the bits are expanded into an additive float bias (``+0.0`` allowed, ``-inf`` not) with
+integer shifts, and added to the logits. That is branch-free; ``masked_fill`` with a bool mask costs
+several times more on CPU (measured by ``python -m radixrt.bench.constrained_bench``). Elsewhere (CUDA)
+the bits become a bool mask for ``masked_fill_``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+_NEG_INF_BITS = int(torch.tensor(float("-inf"), dtype=torch.float32).view(torch.int32).item())
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def allocate_bitmask(batch_size: int, vocab_size: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """An all-allowed bitmask ``[batch_size, ceil(vocab_size / 32)]`` int32."""
+    return torch.full((batch_size, bitmask_words(vocab_size)), -1, dtype=torch.int32, device=device)
+
+
+def fill_bitmasks(bitmask: torch.Tensor, matchers: Sequence) -> list[int]:
+    """Fill row i from ``matchers[i]`` (a ``GrammarMatcher``, or None: unconstrained, all ones).
+    Returns the indices of the constrained rows (pass them to ``apply_bitmask``)."""
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if len(rows) < len(matchers):
+        bitmask[: len(matchers)].fill_(-1)
+    if rows:
+        stacked = torch.stack([matchers[i].allowed_row() for i in rows])
+        if len(rows) == len(matchers) and bitmask.device.type == "cpu":
+            bitmask[: len(rows)].copy_(stacked)
+        else:
+            bitmask[torch.tensor(rows, device=bitmask.device)] = stacked.to(bitmask.device, non_blocking=True)
+    return rows
+
+
+def _shifts(device: torch.device) -> torch.Tensor:
+    shifts = _SHIFTS.get(device)
+    if shifts is None:
+        shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
+    return shifts
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Bool ``[B, vocab_size]`` (True: allowed)."""
+    bits = (bitmask.unsqueeze(-1) >> _shifts(bitmask.device)) & 1
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def bitmask_bias(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Float32 ``[B, vocab_size]``: 0.0 where allowed, -inf where not (branch-free integer ops)."""
+    bits = (bitmask.unsqueeze(-1) >> _shifts(bitmask.device)) & 1
+    bits -= 1  # 0 allowed, -1 (all bits) disallowed
+    bits &= _NEG_INF_BITS
+    return bits.view(torch.float32).view(bitmask.shape[0], -1)[:, :vocab_size]
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+    """Set disallowed logits to -inf, in place, in one vectorised step; returns ``logits``.
+
+    ``logits`` ``[B, V]``; ``bitmask`` ``[B, words]`` (row i masks logits row i). ``rows``: only these
+    rows are constrained (others are left untouched); None: every row. Ids at or beyond
+    ``32 * words`` are disallowed in masked rows.
+    """
+    if logits.dim() != 2 or bitmask.dim() != 2 or bitmask.dtype != torch.int32:
+        raise ValueError("apply_bitmask wants logits [B, V] and an int32 bitmask [B, words]")
+    if rows is not None:
+        if len(rows) == 0:
+            return logits
+        if len(rows) == logits.shape[0]:
+            rows = None
+    vocab = logits.shape[1]
+    width = min(vocab, bitmask.shape[1] * 32)
+    if rows is not None:
+        index = rows if isinstance(rows, torch.Tensor) else torch.tensor(list(rows), device=logits.device)
+        index = index.to(logits.device)
+        masked = logits.index_select(0, index)
+        _apply_all(masked, bitmask.index_select(0, index.to(bitmask.device)), width)
+        logits.index_copy_(0, index, masked)
+        return logits
+    _apply_all(logits, bitmask[: logits.shape[0]], width)
+    return logits
+
+
+def _apply_all(logits: torch.Tensor, bitmask: torch.Tensor, width: int) -> None:
+    bitmask = bitmask.to(logits.device, non_blocking=True)
+    if logits.shape[1] > width:
+        logits[:, width:] = float("-inf")
+    if logits.device.type == "cpu":
+        bias = bitmask_bias(bitmask, width)
+        logits[:, :width].add_(bias if logits.dtype == torch.float32 else bias.to(logits.dtype))
+    else:
+        logits[:, :width].masked_fill_(~unpack_bitmask(bitmask, width), float("-inf"))
+
+
+def apply_bitmask_reference(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Slow, obvious version (tests): a Python loop over every row and token."""
+    out = logits.clone()
+    for b in range(out.shape[0]):
+        for t in range(out.shape[1]):
+            word = t // 32
+            allowed = word < bitmask.shape[1] and (int(bitmask[b, word]) >> (t % 32)) & 1
+            if not allowed:
+                out[b, t] = float("-inf")
+    return out
