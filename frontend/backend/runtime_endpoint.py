@@ -7,7 +7,6 @@ from typing import Any, Dict, Iterator, Optional
 
 import httpx
 
-from ..chat_template import ChatTemplate
 from .native import NativeBackend
 
 
