@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -95,8 +94,7 @@ def test_decode_fp32(page_size, window):
     assert_matches(out, ref, case, scale, window, torch.float32)
 
 
-@pytest.mark.parametrize("page_size", [1, 16, 64])
-@pytest.mark.parametrize("window", [0, 20])
+@pytest.mark.parametrize("page_size,window", [(1, 0), (16, 20), (64, 0)])
 def test_decode_split_kv(page_size, window):
     """Flash-decoding: several KV splits per request, some of them empty for the short requests."""
     case = on_device(make_case(DECODE_PREFIXES, [1] * 6, page_size, heads=8, kv_heads=2, head_dim=64, seed=3))
@@ -138,10 +136,9 @@ EXTEND_PREFIXES = [0, 5, 17, 70]  # 70: mid-page for pages of 16 and 64
 EXTEND_LENS = [7, 1, 33, 9]  # 33: three query blocks of 16
 
 
-@pytest.mark.parametrize("page_size", [1, 16, 64])
-@pytest.mark.parametrize("window", [0, 6])
+@pytest.mark.parametrize("page_size,window", [(1, 0), (16, 6), (64, 0), (64, 6)])
 def test_extend_fp32(page_size, window):
-    case = on_device(make_case(EXTEND_PREFIXES, EXTEND_LENS, page_size, heads=8, kv_heads=2, head_dim=64, seed=page_size))
+    case = on_device(make_case(EXTEND_PREFIXES, EXTEND_LENS, page_size, heads=4, kv_heads=1, head_dim=64, seed=page_size))
     scale = 64**-0.5
     out, ref = extend(case, scale, window)
     assert_matches(out, ref, case, scale, window, torch.float32)
@@ -154,10 +151,10 @@ def test_extend_zero_length_chunk_and_head_dim_128():
     assert_matches(out, ref, case, scale, 0, torch.float32)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_extend_half_precision(dtype):
-    case = on_device(make_case([3, 40], [20, 6], 16, heads=8, kv_heads=2, head_dim=128, dtype=dtype, seed=7))
-    scale = 128**-0.5
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 64)])
+def test_extend_half_precision(dtype, head_dim):
+    case = on_device(make_case([3, 40], [20, 6], 16, heads=4, kv_heads=2, head_dim=head_dim, dtype=dtype, seed=7))
+    scale = head_dim**-0.5
     out, ref = extend(case, scale, 0)
     assert_matches(out, ref, case, scale, 0, dtype)
 
@@ -175,32 +172,27 @@ def test_backend_dispatch():
     assert PagedAttention(pool, "torch").ops is torch_ref
 
 
-def test_triton_ops_imports_without_triton():
-    code = textwrap.dedent(
-        """
-        import sys
-        sys.modules["triton"] = None  # as if the optional extra were not installed
-        from radixrt.kernels import triton_ops
-        assert not triton_ops.AVAILABLE
-        try:
-            triton_ops.decode_attention(None, None, None, None, None, 1.0)
-        except ImportError as e:
-            assert "radixrt[triton]" in str(e)
-        else:
-            raise AssertionError("expected ImportError")
-        """
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+def test_triton_ops_imports_without_triton(monkeypatch):
+    """A CPU-only install has no triton: the module still imports, and the kernels say what to install."""
+    import importlib.util
+
+    monkeypatch.setitem(sys.modules, "triton", None)  # as if the optional extra were not installed
+    spec = importlib.util.spec_from_file_location("triton_ops_without_triton", triton_ops.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    assert not fresh.AVAILABLE
+    with pytest.raises(ImportError, match=r"radixrt\[triton\]"):
+        fresh.decode_attention(None, None, None, None, None, 1.0)
 
 
-@pytest.mark.parametrize("family,page_size", [("llama", 4), ("mistral", 1), ("qwen3", 16)])
+@pytest.mark.parametrize("family,page_size", [("mistral", 4), ("qwen3", 16)])  # sliding window; GQA 4, head_dim 32
 def test_model_logits_triton_equal_torch(tmp_path, family, page_size):
     from radixrt.model.forward_batch import ForwardBatch, SeqChunk
     from radixrt.model.runner import ModelRunner
     from tiny_models import save_tiny_model
 
     save_tiny_model(family, tmp_path)
-    prompts = [[5, 9, 3, 77, 12, 40, 8, 1, 99, 23, 64, 7, 15], [17, 2, 3], [100, 42, 42, 42, 8, 9]]
+    prompts = [[5, 9, 3, 77, 12, 40, 8, 1, 99, 23, 64], [17, 2, 3], [100, 42, 42, 8, 9]]
     results = []
     for backend in ("torch", "triton"):
         runner = ModelRunner(tmp_path, dtype="float32", page_size=page_size, num_pages=32, attention_backend=backend)
@@ -208,13 +200,13 @@ def test_model_logits_triton_equal_torch(tmp_path, family, page_size):
         pool = runner.pool
         pages = [pool.alloc(-(-(len(p) + 2) // page_size)) for p in prompts]
         # A prefill of the first part (ragged extend), the rest as an extend over the cached prefix,
-        # then two decode steps.
+        # then a decode step.
         half = [len(p) // 2 for p in prompts]
         logits = [runner.forward(ForwardBatch.build(
             [SeqChunk(p[:h], 0, pg, logits_from=0) for p, h, pg in zip(prompts, half, pages)], page_size))]
         logits.append(runner.forward(ForwardBatch.build(
             [SeqChunk(p[h:], h, pg, logits_from=0) for p, h, pg in zip(prompts, half, pages)], page_size)))
-        for step in range(2):
+        for step in range(1):
             logits.append(runner.forward(ForwardBatch.build(
                 [SeqChunk([11 + step], len(p) + step, pg) for p, pg in zip(prompts, pages)], page_size)))
         for pg in pages:
