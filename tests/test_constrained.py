@@ -10,6 +10,7 @@ import threading
 import time
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 
@@ -174,15 +175,30 @@ def compiler(tokenizer, eos_ids):
 
 # ------------------------------------------------------------------ random walks
 
-_CLOSERS = torch.tensor([ord(c) for c in '"]}'], dtype=torch.int16)
-_PUNCT = torch.tensor([c for c in range(33, 127) if not chr(c).isalnum()], dtype=torch.int16)
+_CLOSER_BYTES = np.zeros(256, dtype=bool)
+_CLOSER_BYTES[[ord(c) for c in '"]}']] = True
+_PUNCT_BYTES = np.zeros(256, dtype=bool)
+_PUNCT_BYTES[[c for c in range(33, 127) if not chr(c).isalnum()]] = True
+_POOLS: dict = {}
+
+
+def _pools(grammar, state):
+    """(eos allowed here, allowed ids, ids starting with a closer, ids starting with punctuation)."""
+    key = (id(grammar), state)
+    if key not in _POOLS:
+        info = grammar.info
+        allowed = unpack_bitmask(grammar.allowed_row(state)[None], grammar.mask_vocab_size)[0].numpy().nonzero()[0]
+        eos = np.isin(allowed, info.eos_token_ids)
+        tokens = allowed[~eos]
+        starts = info.first_byte[tokens].astype(np.int64)
+        _POOLS[key] = (bool(eos.any()), tokens, tokens[_CLOSER_BYTES[starts]], tokens[_PUNCT_BYTES[starts]])
+    return _POOLS[key]
 
 
 def walk(matcher: GrammarMatcher, tokenizer, seed: int, jump: bool = False, max_steps: int = 300) -> tuple[str, list[int], int]:
-    """Sample only allowed tokens (biased towards punctuation and eos so walks end) until finished.
-    Returns (text, output ids, number of sampling steps)."""
+    """Sample only allowed tokens (biased towards closing punctuation and eos so walks end) until
+    finished. Returns (text, output ids, number of sampling steps)."""
     info = matcher.grammar.info
-    first_byte = torch.from_numpy(info.first_byte)
     rng = random.Random(seed)
     out: list[int] = []
     steps = 0
@@ -195,19 +211,15 @@ def walk(matcher: GrammarMatcher, tokenizer, seed: int, jump: bool = False, max_
                 continue
         assert steps < max_steps, f"walk did not finish: {info.decode_bytes(out)!r}"
         steps += 1
-        allowed = unpack_bitmask(matcher.allowed_row()[None], matcher.grammar.mask_vocab_size)[0].nonzero().flatten()
-        assert allowed.numel() > 0
-        eos = [t for t in info.eos_token_ids if t in set(allowed.tolist())] if matcher.can_terminate() else []
-        if eos and rng.random() < 0.5:
-            assert matcher.accept_token(eos[0])
+        eos_ok, allowed, closers, punct = _pools(matcher.grammar, matcher.state)
+        assert eos_ok == matcher.can_terminate()
+        if eos_ok and rng.random() < 0.5:
+            assert matcher.accept_token(info.eos_token_ids[0])
             break
-        allowed = allowed[~torch.isin(allowed, torch.tensor(info.eos_token_ids))]
-        starts = first_byte[allowed]
-        closers = allowed[torch.isin(starts, _CLOSERS)]
-        punct = allowed[torch.isin(starts, _PUNCT)]
+        assert allowed.size > 0
         draw = rng.random()
-        pool = closers if closers.numel() and draw < 0.4 else punct if punct.numel() and draw < 0.7 else allowed
-        token = int(pool[rng.randrange(pool.numel())])
+        pool = closers if closers.size and draw < 0.4 else punct if punct.size and draw < 0.7 else allowed
+        token = int(pool[rng.randrange(pool.size)])
         assert matcher.accept_token(token), token
         out.append(token)
     return info.decode_bytes(out).decode("utf-8"), out, steps

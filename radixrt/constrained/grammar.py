@@ -217,7 +217,7 @@ class GrammarCompiler:
         from outlines_core import Index, Vocabulary
 
         eos = self.info.eos_token_ids[0]
-        tiny = Vocabulary(eos, {bytes([b]): [b if b != eos else 256] for b in range(128)})
+        tiny = Vocabulary(eos, {bytes([b]): [b if b != eos else 256] for b in range(256)})
         try:
             Index(regex, tiny)
             return True
