@@ -537,3 +537,30 @@ def test_fill_bitmasks_from_matchers(compiler, tokenizer, eos_ids):
     row = torch.empty(bitmask.shape[1], dtype=torch.int32)
     matcher.fill_bitmask(row)
     assert torch.equal(row, bitmask[1])
+
+
+# ------------------------------------------------------------------ the scheduler-facing facade
+
+def test_grammar_backend_facade(tokenizer, eos_ids):
+    from radixrt.constrained import GrammarBackend, validate_grammar
+
+    assert validate_grammar("choices", '["yes", "no"]') == "(yes|no)"  # the engine sends choices as JSON
+    assert validate_grammar("json_schema", '{"type": "object"}') == validate_grammar("json_object")
+    backend = GrammarBackend(tokenizer, eos_ids, vocab_size=49152 + 64, jump_forward=True)
+    try:
+        grammar = backend.compile_async("choices", '["yes", "no"]').result(timeout=60)
+        assert backend.compile_async("choices", ["yes", "no"]).result() is grammar
+        matcher = grammar.matcher()
+        logits = torch.zeros(3, backend.vocab_size)
+        backend.apply_masks(logits, [None, matcher, None])
+        assert (logits[0] == 0).all() and (logits[2] == 0).all()
+        allowed = (logits[1] == 0).nonzero().flatten().tolist()
+        assert allowed and all(tokenizer.decode([t]) in ("y", "ye", "yes", "n", "no") for t in allowed)
+        assert (logits[1, 49152:] == float("-inf")).all()  # padded vocabulary rows are never allowed
+        assert matcher.accept_token(tokenizer.encode("y", add_special_tokens=False)[0])
+        jf = backend.jump_forward(matcher, tokenizer.encode("y", add_special_tokens=False))
+        assert jf is not None and matcher.is_finished()
+        backend.jump_forward_enabled = False
+        assert backend.jump_forward(grammar.matcher(), []) is None
+    finally:
+        backend.shutdown()

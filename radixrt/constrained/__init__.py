@@ -3,6 +3,11 @@ with jump-forward decoding. Built on outlines-core's token ``Index``; nothing re
 
 API (what the scheduler and the HTTP layer use)::
 
+    validate_grammar(kind, spec) -> str          # torch-free, for the HTTP process: ValueError -> 400
+    backend = GrammarBackend(tokenizer, eos_ids, vocab_size, jump_forward=True)   # the facade below, per engine
+    backend.validate / backend.compile_async / backend.apply_masks(logits, [matcher or None]) / backend.jump_forward(...)
+    grammar.matcher() -> GrammarMatcher          # per request, once its future is done
+
     compiler = GrammarCompiler(tokenizer, eos_token_ids, cache_size=64, max_workers=1, vocab_size=V)
     compiler.validate(kind, spec) -> str         # HTTP layer, before queueing: ValueError -> 400
     future = compiler.compile_async(kind, spec)  # Future[Grammar], never blocks; LRU-cached
@@ -34,18 +39,38 @@ Rules the scheduler follows for a constrained request:
 - Retraction/abort: the matcher's state is plain Python; ``rollback(n)`` undoes n tokens, ``copy()`` forks.
 """
 
-from radixrt.constrained.grammar import KINDS, Grammar, GrammarCompiler
-from radixrt.constrained.jump_forward import JumpForward, jump_forward
-from radixrt.constrained.masks import (
-    allocate_bitmask,
-    apply_bitmask,
-    apply_bitmask_reference,
-    bitmask_words,
-    fill_bitmasks,
-    unpack_bitmask,
-)
-from radixrt.constrained.matcher import GrammarMatcher
-from radixrt.constrained.vocabulary import TokenizerInfo, build_vocabulary, get_tokenizer_info
+import importlib
+
+from radixrt.constrained.patterns import KINDS, validate_grammar
+
+# Everything else pulls in torch: imported on first use, so the HTTP process can ``validate_grammar``
+# without loading torch.
+_LAZY = {
+    "GrammarBackend": "backend",
+    "Grammar": "grammar",
+    "GrammarCompiler": "grammar",
+    "GrammarMatcher": "matcher",
+    "JumpForward": "jump_forward",
+    "jump_forward": "jump_forward",
+    "allocate_bitmask": "masks",
+    "apply_bitmask": "masks",
+    "apply_bitmask_reference": "masks",
+    "bitmask_words": "masks",
+    "fill_bitmasks": "masks",
+    "unpack_bitmask": "masks",
+    "TokenizerInfo": "vocabulary",
+    "build_vocabulary": "vocabulary",
+    "get_tokenizer_info": "vocabulary",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'radixrt.constrained' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"radixrt.constrained.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 def constraint_of(params) -> tuple[str, object] | None:
@@ -59,21 +84,4 @@ def constraint_of(params) -> tuple[str, object] | None:
     return None
 
 
-__all__ = [
-    "KINDS",
-    "Grammar",
-    "GrammarCompiler",
-    "GrammarMatcher",
-    "JumpForward",
-    "TokenizerInfo",
-    "allocate_bitmask",
-    "apply_bitmask",
-    "apply_bitmask_reference",
-    "bitmask_words",
-    "build_vocabulary",
-    "constraint_of",
-    "fill_bitmasks",
-    "get_tokenizer_info",
-    "jump_forward",
-    "unpack_bitmask",
-]
+__all__ = ["KINDS", "constraint_of", "validate_grammar", *_LAZY]

@@ -9,7 +9,6 @@ kept in an LRU cache keyed by (kind, normalised spec); one compiler serves one t
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +21,7 @@ import torch
 from radixrt.constrained import patterns
 from radixrt.constrained.vocabulary import TokenizerInfo, get_tokenizer_info
 
-KINDS = ("regex", "json_schema", "json_object", "choices")
+KINDS = patterns.KINDS
 
 
 class Grammar:
@@ -154,6 +153,12 @@ class Grammar:
             current = self.index.get_next_state(current, self.info.byte_tokens[byte])
         return text, current
 
+    def matcher(self):
+        """A fresh per-request ``GrammarMatcher`` at the initial state."""
+        from radixrt.constrained.matcher import GrammarMatcher
+
+        return GrammarMatcher(self)
+
     def __repr__(self) -> str:
         return f"Grammar({self.kind}, regex={self.regex[:60]!r}{'...' if len(self.regex) > 60 else ''})"
 
@@ -194,35 +199,7 @@ class GrammarCompiler:
 
     def _normalise(self, kind: str, spec: Any) -> tuple[str, str]:
         """(cache key text, regex) for a constraint."""
-        if kind == "regex":
-            try:
-                return spec, patterns.check_regex(spec)
-            except patterns._PythonSyntaxError as python_error:
-                # Python rejects Rust-only syntax (\p{L}, \x{..}, [[:alpha:]]); let the engine decide.
-                if not self._engine_accepts(spec):
-                    raise ValueError(str(python_error)) from None
-                return spec, spec
-        if kind == "json_schema":
-            schema = patterns.parse_json_schema(spec)
-            key = json.dumps(schema, separators=(",", ":"))  # keeps property order: it shapes the regex
-            return key, patterns.json_schema_regex(schema, self.json_whitespace)
-        if kind == "json_object":
-            return "", patterns.json_object_regex(self.json_whitespace)
-        if kind == "choices":
-            regex = patterns.choices_regex(spec)
-            return json.dumps(list(spec)), regex
-        raise ValueError(f"unknown constraint kind {kind!r} (expected one of {', '.join(KINDS)})")
-
-    def _engine_accepts(self, regex: str) -> bool:
-        from outlines_core import Index, Vocabulary
-
-        eos = self.info.eos_token_ids[0]
-        tiny = Vocabulary(eos, {bytes([b]): [b if b != eos else 256] for b in range(256)})
-        try:
-            Index(regex, tiny)
-            return True
-        except Exception:
-            return False
+        return patterns.normalise_constraint(kind, spec, self.json_whitespace)
 
     # -- compilation
 

@@ -30,6 +30,11 @@ def escape(text: str) -> str:
 
 
 def choices_regex(choices: Any) -> str:
+    if isinstance(choices, str):  # a JSON list, as the engine's messages carry it
+        try:
+            choices = json.loads(choices)
+        except json.JSONDecodeError:
+            raise ValueError("choices must be a list of strings (or a JSON list of them)") from None
     if not isinstance(choices, (list, tuple)) or not choices:
         raise ValueError("choices must be a non-empty list of strings")
     if any(not isinstance(c, str) or c == "" for c in choices):
@@ -297,7 +302,8 @@ def json_schema_regex(spec: Any, whitespace_pattern: str | None = None) -> str:
     build_regex_from_schema = outlines_json_schema.build_regex_from_schema
 
     schema = parse_json_schema(spec)
-    if schema is True or schema == {}:
+    if schema is True or schema == {} or schema == {"type": "object"}:
+        # Any JSON (object): outlines' own regex for it takes tens of seconds to index.
         return json_object_regex(whitespace_pattern)
     if schema is False:
         raise ValueError("invalid JSON schema: false matches no document")
@@ -334,3 +340,48 @@ def json_object_regex(whitespace_pattern: str | None = None) -> str:
 
     level1 = f"({scalar}|{obj(scalar)}|{arr(scalar)})"
     return obj(level1)
+
+
+# ---------------------------------------------------------------- one entry point (torch-free)
+
+KINDS = ("regex", "json_schema", "json_object", "choices")
+
+
+def engine_accepts_regex(regex: str) -> bool:
+    """Whether outlines-core compiles ``regex`` (over a 256-byte vocabulary: fast, no tokenizer)."""
+    from outlines_core import Index, Vocabulary
+
+    tiny = Vocabulary(0, {bytes([b]): [b + 1] for b in range(256)})
+    try:
+        Index(regex, tiny)
+        return True
+    except BaseException:  # pyo3 errors are not all Exceptions
+        return False
+
+
+def normalise_constraint(kind: str, spec: Any, json_whitespace: str = "") -> tuple[str, str]:
+    """(cache key text, regex) of a constraint, or ``ValueError`` naming the problem."""
+    if kind == "regex":
+        try:
+            return spec, check_regex(spec)
+        except _PythonSyntaxError as python_error:
+            # Python rejects Rust-only syntax (\p{L}, \x{..}, [[:alpha:]]); let the engine decide.
+            if not engine_accepts_regex(spec):
+                raise ValueError(str(python_error)) from None
+            return spec, spec
+    if kind == "json_schema":
+        schema = parse_json_schema(spec)
+        key = json.dumps(schema, separators=(",", ":"))  # keeps property order: it shapes the regex
+        return key, json_schema_regex(schema, json_whitespace)
+    if kind == "json_object":
+        return "", json_object_regex(json_whitespace)
+    if kind == "choices":
+        regex = choices_regex(spec)
+        return regex, regex
+    raise ValueError(f"unknown constraint kind {kind!r} (expected one of {', '.join(KINDS)})")
+
+
+def validate_grammar(kind: str, spec: Any = None, json_whitespace: str = "") -> str:
+    """The regex a constraint compiles to, or ``ValueError`` naming the problem. Fast, torch-free
+    (for the HTTP process); builds no token index."""
+    return normalise_constraint(kind, spec, json_whitespace)[1]
