@@ -111,7 +111,7 @@ def test_insert_diverging_mid_page_and_mid_edge():
     pool.decref(result.duplicates)
     assert cache.match_prefix(a).pages == a_pages
     assert cache.match_prefix(b).pages == a_pages[:1] + b_pages[1:]
-    # The first-token index finds the sibling sharing the most tokens: a's second page (3), not b's (2).
+    # The sorted first-page index finds the sibling sharing the most tokens: a's second page (3), not b's (2).
     m = cache.match_prefix(a[:7])
     assert m.num_tokens == 4 and m.partial_tokens == 3 and m.partial_page == a_pages[1]
     cache.check()

@@ -6,8 +6,9 @@ Every edge of the tree holds a key of token ids whose length is a whole number o
 (``len(key) % page_size == 0``, never empty) and the page ids that hold those tokens' KV, one per
 ``page_size`` tokens. A node's children are keyed by the tuple of their first page's tokens (by the
 first token when ``page_size == 1``), so one dict lookup finds the child that shares a whole first
-page. With ``page_size > 1`` each node also indexes its children by first token, which finds the
-child to copy a partial page from (see *partial-page reuse*) without scanning every child.
+page. With ``page_size > 1`` each node also keeps its children's first pages in a sorted list: the
+child whose first page shares the most tokens with a partial page (see *partial-page reuse*) sits
+next to that page's bisection point, so it is found in O(log children) without a scan.
 
 Ownership rule (the one SGLang uses; every insert and free site here follows it)
 ------------------------------------------------------------------------------------
@@ -60,14 +61,35 @@ keeps and frees all of its pages), so every request computes its prompt from scr
 
 Call ``reuse_partial`` right after ``match_prefix`` (before other tree mutations); it re-validates
 the match and declines (returns ``None``) if the source page moved.
+
+Typical use by the scheduler (a request's page table is always: tree pages, then private pages)::
+
+    m = cache.match_prefix(prompt[:-1])          # at least one token is left to compute
+    cache.lock(m.node)
+    table, start = list(m.pages), m.num_tokens
+    if (cow := cache.reuse_partial(m)) is not None:
+        table.append(cow[0]); start += cow[1]
+    short = need - pool.num_free                 # need = pages still missing for the prompt
+    if short > 0: cache.evict(short)
+    table += pool.alloc(need)                    # private pages
+    ...                                          # compute positions start.. into the table
+    n = len(tokens) // P * P                     # finished, or a chunk done: cache whole pages
+    r = cache.insert(tokens[:n], table[: n // P])
+    table[: n // P] = r.tree_pages
+    pool.decref(r.duplicates)
+    if still_running:  cache.lock(r.node); cache.unlock(m.node)      # lock the new path first
+    else:              cache.unlock(m.node); pool.decref(table[n // P :])   # the private tail
+    # abort: cache.unlock(node); pool.decref(the private pages, i.e. table[tree_page_count:])
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import count
+from itertools import compress, count
+from operator import ne
 
 from radixrt.memory.page_pool import PagePool
 
@@ -77,15 +99,16 @@ _CHUNK = 64  # tokens compared per slice when looking for the first mismatch
 class TreeNode:
     """One edge of the tree (and the node below it). ``key``/``pages`` are empty only at the root."""
 
-    __slots__ = ("key", "pages", "parent", "children", "by_first", "lock_ref", "last_access", "alive", "uid")
+    __slots__ = ("key", "pages", "parent", "children", "firsts", "lock_ref", "last_access", "alive", "uid")
 
     def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, last_access: int, uid: int) -> None:
         self.key = key
         self.pages = pages
         self.parent = parent
         self.children: dict = {}
-        # page_size > 1 only: first token -> children whose key starts with it (for partial-page lookup).
-        self.by_first: dict[int, list[TreeNode]] = {}
+        # page_size > 1 only: the children's first pages (their keys in `children`), sorted, so the child
+        # sharing the longest prefix with a partial page is a neighbour of its bisection point.
+        self.firsts: list[tuple] = []
         self.lock_ref = 0
         self.last_access = last_access
         self.alive = True
@@ -222,15 +245,13 @@ class RadixCache:
     def _add_child(self, parent: TreeNode, child: TreeNode) -> None:
         parent.children[self._child_key(child.key)] = child
         if self.page_size > 1:
-            parent.by_first.setdefault(child.key[0], []).append(child)
+            insort(parent.firsts, child.key[: self.page_size])
 
     def _remove_child(self, parent: TreeNode, child: TreeNode) -> None:
         del parent.children[self._child_key(child.key)]
         if self.page_size > 1:
-            siblings = parent.by_first[child.key[0]]
-            siblings.remove(child)
-            if not siblings:
-                del parent.by_first[child.key[0]]
+            firsts = parent.firsts
+            del firsts[bisect_left(firsts, child.key[: self.page_size])]
 
     def _split(self, node: TreeNode, at: int) -> TreeNode:
         """Split ``node``'s edge after ``at`` tokens (0 < at < len, page-aligned); return the new upper node.
@@ -244,9 +265,6 @@ class RadixCache:
         upper.lock_ref = node.lock_ref
         first = self._child_key(node.key)
         parent.children[first] = upper
-        if page_size > 1:
-            siblings = parent.by_first[node.key[0]]
-            siblings[siblings.index(node)] = upper
         node.key = node.key[at:]
         node.pages = node.pages[at // page_size :]
         node.parent = upper
@@ -309,19 +327,24 @@ class RadixCache:
 
     def _best_partial(self, node: TreeNode, key: tuple, pos: int) -> tuple[TreeNode | None, int]:
         """The child of ``node`` whose first page shares the most (< page_size) leading tokens with key[pos:]."""
-        candidates = node.by_first.get(key[pos])
-        if not candidates:
-            return None, 0
+        firsts = node.firsts
         want = key[pos : pos + self.page_size]
+        i = bisect_left(firsts, want)
         best, best_len = None, 0
-        for child in candidates:
-            first_page = child.key[: self.page_size]
-            matched = _common_prefix_len(first_page, want, 0, 1)
+        # In sorted order the longest common prefix with `want` is found next to its insertion point.
+        for first_page in firsts[max(i - 1, 0) : i + 1]:
+            matched = 0
+            for a, b in zip(first_page, want):
+                if a != b:
+                    break
+                matched += 1
             if matched > best_len:
-                best, best_len = child, matched
+                best, best_len = first_page, matched
+        if best is None:
+            return None, 0
         # A whole matching first page would have been found by the exact lookup.
         assert best_len < self.page_size
-        return best, best_len
+        return node.children[best], best_len
 
     def reuse_partial(self, match: MatchResult) -> tuple[int, int] | None:
         """Copy-on-write the matched slots of ``match.partial_page`` into a fresh private page.
@@ -390,7 +413,7 @@ class RadixCache:
             have = child.pages
             mine = pages[pos // page_size : (pos + length) // page_size]
             if mine != have:
-                dup = [p for p, q in zip(mine, have) if p != q]
+                dup = list(compress(mine, map(ne, mine, have)))
                 duplicates.extend(dup)
                 self.stats.duplicate_pages += len(dup)
             tree_pages.extend(have)
@@ -522,7 +545,6 @@ class RadixCache:
         while stack:
             parent = stack.pop()
             child_locks = 0
-            by_first_count = 0
             for ck, node in parent.children.items():
                 nodes += 1
                 where = f"node {node!r}"
@@ -535,10 +557,6 @@ class RadixCache:
                 assert node.last_access <= parent.last_access or parent is root, (
                     f"{where}: child used more recently than its parent {parent!r}"
                 )
-                if page_size > 1:
-                    assert any(c is node for c in parent.by_first.get(node.key[0], ())), (
-                        f"{where}: missing from its parent's first-token index"
-                    )
                 child_locks += node.lock_ref
                 if node.lock_ref:
                     protected += len(node.pages)
@@ -549,9 +567,8 @@ class RadixCache:
                 tree_pages.extend(node.pages)
                 stack.append(node)
             if page_size > 1:
-                by_first_count = sum(len(v) for v in parent.by_first.values())
-                assert by_first_count == len(parent.children), (
-                    f"node {parent!r}: first-token index has {by_first_count} entries for {len(parent.children)} children"
+                assert parent.firsts == sorted(parent.children), (
+                    f"node {parent!r}: sorted first-page index out of step with its children"
                 )
             if parent is not root:
                 assert child_locks <= parent.lock_ref, (
