@@ -37,6 +37,13 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from radixrt.server.launch import serve
+    from radixrt.server_args import ServerArgs
+
+    return serve(ServerArgs.from_cli_args(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     from radixrt.model.weights import DEFAULT_MODEL
 
@@ -55,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.set_defaults(run=_generate)
+
+    srv = commands.add_parser("serve", help="HTTP server: native /generate and the OpenAI-compatible API")
+    from radixrt.server_args import ServerArgs
+
+    ServerArgs.add_cli_args(srv)
+    srv.set_defaults(run=_serve)
 
     args = parser.parse_args(argv)
     return args.run(args)

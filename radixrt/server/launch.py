@@ -1,0 +1,182 @@
+"""`radixrt serve`: start the scheduler and detokenizer processes, then the HTTP app in this process.
+
+Lifecycle:
+- The ipc sockets live in a private temp dir, removed on exit.
+- The URL is printed (``radixrt serve: ready at http://HOST:PORT``) once the model is loaded, both helper
+  processes have answered the handshake and the HTTP socket listens.
+- SIGINT/SIGTERM: uvicorn stops accepting, open responses get a short grace period, the helpers get
+  SIGTERM (then SIGKILL), exit code 0. Helpers ignore SIGINT (a terminal's Ctrl-C reaches the whole group)
+  and die with this process if it is killed (PR_SET_PDEATHSIG) or notice it is gone within a second.
+- A helper that dies makes /health answer 503, fails every request in flight, and the server exits with
+  code 1 instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from radixrt.server.ipc import IpcPaths, pin_helper_threads, torch_single_thread
+from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger("radixrt.server")
+
+READY_LINE = "radixrt serve: ready at"
+
+
+class StartupFailed(RuntimeError):
+    pass
+
+
+def _spawn(module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", module, *argv], env=env, stdin=subprocess.DEVNULL)
+
+
+def _stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.05))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait()
+
+
+def serve(args: ServerArgs) -> int:
+    from radixrt.model.weights import resolve_model_path
+
+    logging.basicConfig(level=logging.INFO, format="[server %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    model_path = str(resolve_model_path(args.model))  # fetch/convert once, before the scheduler needs it
+    compute_env = dict(os.environ)  # the scheduler gets the machine's compute threads
+    pin_helper_threads()  # this process and the detokenizer: one thread, no OpenMP spinning
+    helper_env = dict(os.environ)
+
+    ipc_dir = tempfile.mkdtemp(prefix="radixrt-ipc-")
+    paths = IpcPaths(ipc_dir)
+    procs: dict[str, subprocess.Popen] = {}
+    code = 1
+
+    def _term(signum, frame):  # until uvicorn takes over the signals
+        raise SystemExit(0)
+
+    previous_term = signal.signal(signal.SIGTERM, _term)
+    try:
+        pid = str(os.getpid())
+        procs["scheduler"] = _spawn("radixrt.server.scheduler_process",
+                                    [json.dumps(dataclasses.asdict(args)), ipc_dir, pid], compute_env)
+        procs["detokenizer"] = _spawn("radixrt.server.detokenizer_process", [model_path, ipc_dir, pid], helper_env)
+        from radixrt.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(model_path)
+        torch_single_thread()
+        code = asyncio.run(_main(args, paths, tokenizer, procs))
+    except KeyboardInterrupt:
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except StartupFailed as exc:
+        logger.error("%s", exc)
+        code = 1
+    finally:
+        _stop(list(procs.values()))
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous_term)
+    return code
+
+
+def _dead_helper(procs: dict[str, subprocess.Popen]) -> str | None:
+    for name, p in procs.items():
+        rc = p.poll()
+        if rc is not None:
+            return f"the {name} process exited with code {rc}"
+    return None
+
+
+async def _main(args: ServerArgs, paths: IpcPaths, tokenizer, procs: dict[str, subprocess.Popen]) -> int:
+    import uvicorn
+
+    from radixrt.server.http_server import create_app
+    from radixrt.server.tokenizer_manager import TokenizerManager
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            """uvicorn's, without re-raising the signal afterwards: we clean up and exit 0 instead."""
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    tm = TokenizerManager(args, paths, tokenizer)
+    await tm.start()
+    try:
+        while True:  # handshake: both helpers ready, or one died
+            problem = _dead_helper(procs)
+            if problem is not None:
+                raise StartupFailed(f"startup failed: {problem}")
+            try:
+                await asyncio.wait_for(tm.wait_ready(), 0.5)
+                break
+            except asyncio.TimeoutError:
+                continue
+
+        exit_code = 0
+        problem_seen: list[str] = []
+
+        def health() -> str | None:
+            return problem_seen[0] if problem_seen else _dead_helper(procs)
+
+        app = create_app(tm, health)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                                lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=30)
+        server = Server(config)
+
+        async def watchdog() -> None:
+            nonlocal exit_code
+            announced = False
+            while not server.should_exit:
+                if not announced and server.started:
+                    announced = True
+                    print(f"{READY_LINE} http://{args.host}:{args.port} (model {tm.model_info['served_model_name']},"
+                          f" {tm.ready.num_pages} KV pages of {tm.ready.page_size} tokens)", flush=True)
+                problem = _dead_helper(procs)
+                if problem is not None:
+                    logger.error("%s; shutting down", problem)
+                    problem_seen.append(problem)
+                    tm.fail_all(problem)
+                    exit_code = 1
+                    await asyncio.sleep(0.5)  # let waiting clients get their 503s
+                    server.should_exit = True
+                    return
+                await asyncio.sleep(0.2)
+
+        watch = asyncio.create_task(watchdog())
+        await server.serve()
+        watch.cancel()
+        if not server.started and exit_code == 0:
+            exit_code = 1  # could not bind the port
+        return exit_code
+    finally:
+        tm.close()

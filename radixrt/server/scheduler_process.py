@@ -1,0 +1,213 @@
+"""The scheduler process: owns the model, the KV page pool and the radix cache.
+
+Loop: take every message waiting on its PULL socket (requests, aborts, flush/stats queries), run one
+scheduler step, and push that step's token deltas to the detokenizer as one BatchTokenOut. When there is
+nothing to do it blocks on the socket (no spinning). It gets the machine's compute threads.
+
+Run by the server launcher: ``python -m radixrt.server.scheduler_process ARGS_JSON IPC_DIR PARENT_PID``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+import msgspec
+import zmq
+
+from radixrt.messages import (
+    AbortReq,
+    FlushCacheOut,
+    FlushCacheReq,
+    GenerateReq,
+    SchedulerReady,
+    StatsOut,
+    StatsReq,
+)
+from radixrt.server.ipc import ENCODER, IpcPaths, SchedulerInbound, decoder, die_with_parent, parent_alive
+from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger("radixrt.scheduler_process")
+
+# Upper bounds (seconds) of the step latency histogram.
+STEP_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+
+
+class StepHistogram:
+    def __init__(self) -> None:
+        self.counts = [0] * (len(STEP_BUCKETS) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(STEP_BUCKETS, seconds)] += 1
+        self.sum += seconds
+        self.count += 1
+
+    def cumulative(self) -> list[int]:
+        out, total = [], 0
+        for c in self.counts[:-1]:
+            total += c
+            out.append(total)
+        return out
+
+
+def model_info(args: ServerArgs, model_path, runner, chat_template, eos_ids) -> dict:
+    """The same dict as Engine.get_model_info()."""
+    return {
+        "model_path": str(model_path),
+        "served_model_name": args.served_model_name or args.model,
+        "context_length": runner.context_length,
+        "vocab_size": runner.config.vocab_size,
+        "dtype": str(runner.dtype).replace("torch.", ""),
+        "page_size": runner.page_size,
+        "chat_template": chat_template,
+        "eos_token_ids": sorted(eos_ids),
+    }
+
+
+def make_grammar_backend(args: ServerArgs, tokenizer, eos_ids, vocab_size):
+    """The engine-side grammar backend when radixrt.constrained provides one (as Engine does)."""
+    try:
+        from radixrt.constrained import GrammarBackend
+    except ImportError:
+        return None
+    return GrammarBackend(tokenizer, eos_ids, vocab_size, jump_forward=not args.disable_jump_forward)
+
+
+class SchedulerProcess:
+    def __init__(self, args: ServerArgs, paths: IpcPaths, parent_pid: int) -> None:
+        from radixrt.detokenize import Detokenizer  # noqa: F401  (keeps import errors early and explicit)
+        from radixrt.model.runner import ModelRunner
+        from radixrt.model.weights import resolve_model_path
+        from radixrt.scheduler.scheduler import Scheduler
+        from radixrt.tokenizer import chat_template_info, eos_token_ids, load_tokenizer
+
+        self.args = args
+        self.parent_pid = parent_pid
+        self.model_path = resolve_model_path(args.model)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.runner = ModelRunner(
+            self.model_path,
+            dtype=args.dtype,
+            page_size=args.page_size,
+            num_pages=args.max_total_pages,
+            kv_memory_gb=args.kv_memory_gb,
+            attention_backend=args.attention_backend,
+            context_length=args.context_length,
+            device=args.device,
+        )
+        self.eos_ids = eos_token_ids(self.model_path, self.tokenizer)
+        grammars = make_grammar_backend(args, self.tokenizer, self.eos_ids, self.runner.config.vocab_size)
+
+        self.ctx = zmq.Context()
+        self.inbox = self.ctx.socket(zmq.PULL)
+        self.inbox.bind(paths.scheduler_in)
+        self.to_detokenizer = self.ctx.socket(zmq.PUSH)
+        self.to_detokenizer.connect(paths.detokenizer_in)
+        self.to_tokenizer = self.ctx.socket(zmq.PUSH)
+        self.to_tokenizer.connect(paths.tokenizer_in)
+        for sock in (self.inbox, self.to_detokenizer, self.to_tokenizer):
+            sock.setsockopt(zmq.LINGER, 0)
+        self.decode = decoder(SchedulerInbound).decode
+
+        self.scheduler = Scheduler(args, self.runner, self.tokenizer, self.eos_ids, self._sink, grammars)
+        self.histogram = StepHistogram()
+        self.running = True
+        self.to_tokenizer.send(ENCODER.encode(SchedulerReady(
+            pid=os.getpid(),
+            model_info=model_info(args, self.model_path, self.runner, chat_template_info(self.tokenizer),
+                                  self.eos_ids),
+            vocab_size=self.runner.config.vocab_size,
+            context_length=self.runner.context_length,
+            page_size=self.runner.page_size,
+            num_pages=self.runner.pool.num_pages,
+        )))
+
+    def _sink(self, batch) -> None:
+        self.to_detokenizer.send(ENCODER.encode(batch))
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, (GenerateReq, AbortReq)):
+            self.scheduler.submit(msg)
+        elif isinstance(msg, StatsReq):
+            h = self.histogram
+            self.to_tokenizer.send(ENCODER.encode(StatsOut(
+                stats=self.scheduler.stats(), step_buckets=list(STEP_BUCKETS), step_counts=h.cumulative(),
+                step_sum=h.sum, step_count=h.count)))
+        elif isinstance(msg, FlushCacheReq):
+            self.scheduler.step()  # take in anything queued before the flush (aborts, finished requests)
+            ok = self.scheduler.idle and self.scheduler.flush_cache()
+            self.to_tokenizer.send(ENCODER.encode(FlushCacheOut(ok=bool(ok))))
+
+    def _drain(self, timeout_ms: int) -> bool:
+        """Handle every waiting message, blocking up to ``timeout_ms`` for the first one."""
+        got = False
+        if timeout_ms and not self.inbox.poll(timeout_ms):
+            return False
+        while True:
+            try:
+                frame = self.inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return got
+            got = True
+            self._handle(self.decode(frame))
+
+    def run(self) -> None:
+        busy = False
+        last_parent_check = time.monotonic()
+        while self.running:
+            # Idle: block on the socket. Waiting on a grammar compile or similar: poll briefly.
+            timeout = 0 if busy else (5 if not self.scheduler.idle else 1000)
+            self._drain(timeout)
+            started = time.perf_counter()
+            busy = self.scheduler.step()
+            if busy:
+                self.histogram.observe(time.perf_counter() - started)
+            now = time.monotonic()
+            if now - last_parent_check > 1.0:
+                last_parent_check = now
+                if not parent_alive(self.parent_pid):
+                    logger.warning("the server process is gone; exiting")
+                    return
+
+    def close(self) -> None:
+        for sock in (self.inbox, self.to_detokenizer, self.to_tokenizer):
+            sock.close(0)
+        self.ctx.term()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args_json, ipc_dir, parent_pid = argv[0], argv[1], int(argv[2])
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server shuts us down
+
+    def _term(signum, frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _term)
+    args = ServerArgs(**json.loads(args_json))
+    logging.basicConfig(level=logging.INFO, format="[scheduler %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    proc = None
+    try:
+        proc = SchedulerProcess(args, IpcPaths(ipc_dir), parent_pid)
+        proc.run()
+    except SystemExit:
+        pass
+    except BaseException:
+        logger.exception("the scheduler process failed")
+        return 1
+    finally:
+        if proc is not None:
+            proc.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

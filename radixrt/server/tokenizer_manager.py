@@ -1,0 +1,372 @@
+"""The HTTP process's side of the runtime: tokenize, validate, submit over ZMQ, and gather text deltas.
+
+Requests are validated here with the scheduler's own code (radixrt.scheduler.validation and
+SamplingParams), using the limits the scheduler process reports in its startup handshake, so a bad request
+is answered 400 without a round trip and with the same message the in-process Engine gives.
+Each request's deltas fold into a ResponseBuilder (the Engine's, so /generate returns the Engine's dict).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from radixrt.engine import Engine, _as_dict
+from radixrt.messages import (
+    AbortReq,
+    BatchStrOut,
+    DetokenizerReady,
+    FlushCacheOut,
+    FlushCacheReq,
+    GenerateReq,
+    SchedulerReady,
+    StatsOut,
+    StatsReq,
+)
+from radixrt.output import ResponseBuilder
+from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.validation import RequestError, validate_request
+from radixrt.server.ipc import ENCODER, IpcPaths, TokenizerInbound, decoder
+from radixrt.server.metrics import Metrics
+from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger("radixrt.tokenizer_manager")
+
+
+class Overloaded(RuntimeError):
+    """The waiting queue is full (HTTP 503)."""
+
+
+class ServerDown(RuntimeError):
+    """The scheduler or detokenizer process is gone (HTTP 503)."""
+
+
+class ReqState:
+    __slots__ = ("rid", "builder", "event", "created", "first_token_at", "last_token_at", "error", "index")
+
+    def __init__(self, rid: str, builder: ResponseBuilder, event: asyncio.Event, index: int) -> None:
+        self.rid = rid
+        self.builder = builder
+        self.event = event  # shared by the requests of one HTTP call, so one waiter sees them all
+        self.index = index
+        self.created = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.error: str | None = None  # set when the server side failed (not a request error)
+
+    @property
+    def finished(self) -> bool:
+        return self.builder.finished or self.error is not None
+
+    def request_error(self) -> str | None:
+        """The message of an abort that the runtime raised for a bad request (Engine raises ValueError)."""
+        reason = self.builder.meta.get("finish_reason")
+        if reason and reason.get("type") == "abort" and reason.get("message") not in (None, "aborted"):
+            return reason["message"]
+        return None
+
+
+class TokenizerManager:
+    def __init__(self, args: ServerArgs, paths: IpcPaths, tokenizer) -> None:
+        self.args = args
+        self.paths = paths
+        self.tokenizer = tokenizer
+        self.states: dict[str, ReqState] = {}
+        self.metrics = Metrics()
+        self.ready: SchedulerReady | None = None
+        self.detokenizer_ready: DetokenizerReady | None = None
+        self.dead: str | None = None  # why the server cannot serve any more
+        self._counter = itertools.count()
+        self._stats_waiters: deque[asyncio.Future] = deque()
+        self._flush_waiters: deque[asyncio.Future] = deque()
+        self._ready_event: asyncio.Event | None = None
+        self._token_text_cache: dict[int, str] = {}
+
+    # ----- sockets ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.inbox = self.ctx.socket(zmq.PULL)
+        self.inbox.bind(self.paths.tokenizer_in)
+        self.to_scheduler = self.ctx.socket(zmq.PUSH)
+        self.to_scheduler.connect(self.paths.scheduler_in)
+        for sock in (self.inbox, self.to_scheduler):
+            sock.setsockopt(zmq.LINGER, 0)
+        self._decode = decoder(TokenizerInbound).decode
+        self._ready_event = asyncio.Event()
+        self._recv_task = asyncio.create_task(self._receive_loop())
+
+    async def wait_ready(self) -> None:
+        await self._ready_event.wait()
+
+    def close(self) -> None:
+        task = getattr(self, "_recv_task", None)
+        if task is not None:
+            task.cancel()
+        if hasattr(self, "ctx"):
+            self.inbox.close(0)
+            self.to_scheduler.close(0)
+            self.ctx.term()
+
+    async def _receive_loop(self) -> None:
+        while True:
+            frame = await self.inbox.recv()
+            try:
+                msg = self._decode(frame)
+                if isinstance(msg, BatchStrOut):
+                    self._on_outputs(msg)
+                elif isinstance(msg, StatsOut):
+                    if self._stats_waiters:
+                        fut = self._stats_waiters.popleft()
+                        if not fut.done():
+                            fut.set_result(msg)
+                elif isinstance(msg, FlushCacheOut):
+                    if self._flush_waiters:
+                        fut = self._flush_waiters.popleft()
+                        if not fut.done():
+                            fut.set_result(msg.ok)
+                elif isinstance(msg, SchedulerReady):
+                    self.ready = msg
+                elif isinstance(msg, DetokenizerReady):
+                    self.detokenizer_ready = msg
+                if self.ready is not None and self.detokenizer_ready is not None:
+                    self._ready_event.set()
+            except Exception:  # a bad message must not stop the server from answering everyone else
+                logger.exception("could not handle a message from the runtime")
+
+    def _on_outputs(self, batch: BatchStrOut) -> None:
+        now = time.perf_counter()
+        touched: set[int] = set()
+        for out in batch.outputs:
+            state = self.states.get(out.rid)
+            if state is None:
+                continue  # aborted by us already
+            state.builder.add(out)
+            n_new = len(out.delta.new_ids)
+            if n_new:
+                if state.first_token_at is None:
+                    state.first_token_at = now
+                    self.metrics.ttft.observe(now - state.created)
+                    if n_new > 1:
+                        self.metrics.itl.observe(0.0, n_new - 1)
+                else:
+                    self.metrics.itl.observe((now - state.last_token_at) / n_new, n_new)
+                state.last_token_at = now
+            if state.builder.finished:
+                del self.states[out.rid]
+                self._count_finished(state, now)
+            if id(state.event) not in touched:
+                touched.add(id(state.event))
+                state.event.set()
+
+    def _count_finished(self, state: ReqState, now: float) -> None:
+        m = self.metrics
+        meta = state.builder.meta
+        reason = (meta.get("finish_reason") or {}).get("type")
+        if state.request_error() is not None:
+            m.requests_failed += 1
+            return
+        if reason == "abort":
+            m.requests_aborted += 1
+        m.requests_finished += 1
+        m.prompt_tokens += meta.get("prompt_tokens", 0)
+        m.generation_tokens += meta.get("completion_tokens", 0)
+        m.cached_tokens += meta.get("cached_tokens", 0)
+        m.e2e.observe(now - state.created)
+
+    # ----- the model's limits -------------------------------------------------------------------------
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        return dict(self.ready.model_info)
+
+    @property
+    def context_length(self) -> int:
+        return self.ready.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.ready.vocab_size
+
+    def served_names(self) -> set[str]:
+        info = self.ready.model_info
+        return {info["served_model_name"], self.args.model, info["model_path"]}
+
+    def max_new_tokens_default(self, prompt_len: int) -> int:
+        """OpenAI's "up to the context": the longest output the context and the KV pool both allow."""
+        r = self.ready
+        return max(min(r.context_length, (r.num_pages - 1) * r.page_size) - prompt_len, 0)
+
+    # ----- preparing requests -------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text_cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id])
+            self._token_text_cache[token_id] = text
+        return text
+
+    def validate(self, ids: list[int], params: SamplingParams) -> None:
+        r = self.ready
+        validate_request(ids, params, vocab_size=r.vocab_size, context_length=r.context_length,
+                         page_size=r.page_size, num_pages=r.num_pages)
+        from radixrt.server.structured import validate_grammar
+
+        for kind, spec in Engine._grammar_of(params):
+            validate_grammar(kind, spec)
+
+    def prepare(self, prompt, sampling_params, input_ids) -> tuple[list[list[int]], list[SamplingParams], bool]:
+        """Engine._prepare's rules: exactly one of text and input_ids; one params dict or one per prompt."""
+        if (prompt is None) == (input_ids is None):
+            raise RequestError("pass exactly one of text and input_ids")
+        if prompt is not None:
+            batched = isinstance(prompt, list)
+            texts = prompt if batched else [prompt]
+            if not texts or not all(isinstance(t, str) for t in texts):
+                raise RequestError("text must be a string or a non-empty list of strings")
+            ids = [self.encode(t) for t in texts]
+        else:
+            if not isinstance(input_ids, list):
+                raise RequestError("input_ids must be a list of token ids or a list of such lists")
+            batched = bool(input_ids) and isinstance(input_ids[0], list)
+            ids = [list(x) for x in input_ids] if batched else [list(input_ids)]
+            for one in ids:
+                if not all(isinstance(t, int) and not isinstance(t, bool) for t in one):
+                    raise RequestError("input_ids must be a list of token ids or a list of such lists")
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(ids):
+                raise RequestError(f"{len(sampling_params)} sampling_params for {len(ids)} prompts")
+            params = [self.params_from_dict(p) for p in sampling_params]
+        else:
+            params = [self.params_from_dict(sampling_params)] * len(ids)
+        for one_ids, one_params in zip(ids, params):
+            self.validate(one_ids, one_params)
+        return ids, params, batched
+
+    @staticmethod
+    def params_from_dict(values: Any) -> SamplingParams:
+        if values is not None and not isinstance(values, dict):
+            raise RequestError("sampling_params must be an object")
+        try:
+            return SamplingParams.from_dict(values)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+
+    # ----- submitting ---------------------------------------------------------------------------------
+
+    def check_capacity(self, new_requests: int) -> None:
+        if self.dead is not None:
+            raise ServerDown(self.dead)
+        waiting = len(self.states) + new_requests - self.args.max_running_requests
+        if waiting > self.args.max_queued_requests:
+            self.metrics.requests_rejected += 1
+            raise Overloaded(
+                f"the server is overloaded: {len(self.states)} requests in flight and the waiting queue holds at "
+                f"most {self.args.max_queued_requests}; retry later"
+            )
+
+    def submit_all(self, ids: list[list[int]], params: list[SamplingParams], return_logprob: bool = False,
+                   logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+                   rids: list[str] | None = None) -> list[ReqState]:
+        """One submission per sample (Engine._expand): n > 1 becomes n requests sharing the prompt's cache."""
+        jobs: list[tuple[list[int], SamplingParams]] = []
+        for one_ids, p in zip(ids, params):
+            for i in range(p.n):
+                q = p
+                if p.n > 1:
+                    seed = None if p.seed is None else p.seed + i
+                    q = SamplingParams.from_dict({**_as_dict(p), "n": 1, "seed": seed})
+                jobs.append((one_ids, q))
+        if rids is not None:
+            if len(rids) != len(jobs):
+                raise RequestError(f"{len(rids)} rids for {len(jobs)} requests")
+            if len(set(rids)) != len(rids) or any(r in self.states for r in rids):
+                raise RequestError("rid must be unique among the requests in flight")
+        self.check_capacity(len(jobs))
+        event = asyncio.Event()
+        states = []
+        for i, (one_ids, q) in enumerate(jobs):
+            rid = rids[i] if rids is not None else f"{uuid.uuid4().hex[:12]}-{next(self._counter)}"
+            top = top_logprobs_num or 0
+            grammar = Engine._grammar_of(q)
+            msg = GenerateReq(
+                rid=rid,
+                input_ids=one_ids,
+                params=q,
+                return_logprob=return_logprob,
+                logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+                top_logprobs_num=top,
+                grammar=grammar[0] if grammar else None,
+            )
+            state = ReqState(rid, ResponseBuilder(rid, return_logprob, top), event, i)
+            self.states[rid] = state
+            self.to_scheduler.send(ENCODER.encode(msg))
+            states.append(state)
+        self.metrics.requests_received += len(states)
+        return states
+
+    def abort(self, rid: str) -> bool:
+        """Ask the scheduler to drop ``rid`` (its pages are freed on its next step). The request then finishes
+        with reason abort through the normal output path, which wakes its waiter."""
+        if rid not in self.states:
+            return False
+        self.to_scheduler.send(ENCODER.encode(AbortReq(rid=rid)))
+        return True
+
+    def abort_unfinished(self, states: list[ReqState]) -> None:
+        for s in states:
+            if not s.finished:
+                self.abort(s.rid)
+
+    def abort_all(self) -> int:
+        rids = list(self.states)
+        for rid in rids:
+            self.abort(rid)
+        return len(rids)
+
+    def fail_all(self, message: str) -> None:
+        """The runtime is gone: wake every waiter with an error."""
+        self.dead = message
+        for state in list(self.states.values()):
+            state.error = message
+            state.event.set()
+        self.states.clear()
+        for waiters in (self._stats_waiters, self._flush_waiters):
+            while waiters:
+                fut = waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(ServerDown(message))
+
+    # ----- control ------------------------------------------------------------------------------------
+
+    async def _control(self, msg, waiters: deque, timeout: float) -> Any:
+        if self.dead is not None:
+            raise ServerDown(self.dead)
+        fut = asyncio.get_running_loop().create_future()
+        waiters.append(fut)
+        self.to_scheduler.send(ENCODER.encode(msg))
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            raise ServerDown("the scheduler did not answer in time") from None
+
+    async def stats(self, timeout: float = 10.0) -> StatsOut:
+        return await self._control(StatsReq(), self._stats_waiters, timeout)
+
+    async def flush_cache(self, timeout: float = 30.0) -> bool:
+        return await self._control(FlushCacheReq(), self._flush_waiters, timeout)
+
+    def stats_dict(self, out: StatsOut) -> dict[str, Any]:
+        return msgspec.structs.asdict(out.stats)
