@@ -361,3 +361,11 @@ def test_deep_sequences_match_past_the_chunked_compare():
     m = cache.match_prefix(probe)
     assert m.num_tokens == 992 and m.pages == tree[:62] and m.partial_tokens == 8
     cache.check()
+
+
+def test_record_counts_an_admission_once():
+    pool, cache = make(page_size=2)
+    cache_seq(pool, cache, [1, 2, 3, 4])
+    m = cache.match_prefix([1, 2, 3, 4, 5], record=False)
+    cache.record(m.num_tokens, 5)
+    assert (cache.stats.hit_tokens, cache.stats.miss_tokens) == (4, 1)

@@ -53,7 +53,8 @@ Stats
 -----
 ``match_prefix`` counts hit (page-aligned matched) and miss (``len(tokens) - hit``) tokens unless
 called with ``record=False`` (use that for look-ahead matches, e.g. by a scheduling policy, so a
-request is counted once, at admission). ``reuse_partial`` counts the tokens it saved; ``evict``
+request is counted once, at admission; or match with ``record=False`` and call ``record(hit, total)``
+once the request is actually admitted). ``reuse_partial`` counts the tokens it saved; ``evict``
 counts freed pages. ``reset`` (a flush) is not counted as eviction.
 
 ``disabled=True`` (``--disable-radix-cache``): matches are empty, inserts keep nothing (the caller
@@ -324,6 +325,11 @@ class RadixCache:
             partial_tokens,
             partial_node,
         )
+
+    def record(self, hit_tokens: int, total_tokens: int) -> None:
+        """Count a prefix lookup in the stats yourself (for callers that match with ``record=False``)."""
+        self.stats.hit_tokens += hit_tokens
+        self.stats.miss_tokens += total_tokens - hit_tokens
 
     def _best_partial(self, node: TreeNode, key: tuple, pos: int) -> tuple[TreeNode | None, int]:
         """The child of ``node`` whose first page shares the most (< page_size) leading tokens with key[pos:]."""
