@@ -369,3 +369,17 @@ def test_record_counts_an_admission_once():
     m = cache.match_prefix([1, 2, 3, 4, 5], record=False)
     cache.record(m.num_tokens, 5)
     assert (cache.stats.hit_tokens, cache.stats.miss_tokens) == (4, 1)
+
+
+def test_lru_heap_stays_bounded_under_repeated_hits():
+    pool, cache = make(page_size=2)
+    cache_seq(pool, cache, [1, 2])
+    old = cache_seq(pool, cache, [3, 4])
+    for _ in range(500):  # every hit of a leaf pushes a fresh heap entry; stale ones are compacted away
+        m = cache.match_prefix([1, 2, 9])
+        cache.lock(m.node)
+        cache.unlock(m.node)
+    assert len(cache._heap) <= 2 * cache.num_nodes + 64 + 1
+    cache.check()
+    assert cache.evict(1) == 1 and old[0] in pool._free
+    assert cache.match_prefix([1, 2]).num_tokens == 2
