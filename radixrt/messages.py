@@ -86,6 +86,8 @@ class SchedulerStats(msgspec.Struct, tag=True):
     num_retractions: int
     last_step_seconds: float
     steps: int
+    jump_forwards: int = 0  # constrained decoding: jump-forwards applied
+    jump_forward_tokens: int = 0  # output tokens they added net (decode forward steps saved for those requests)
 
 
 # ----- server mode: handshake and control replies (scheduler / detokenizer -> tokenizer side) -----------

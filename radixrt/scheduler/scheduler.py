@@ -40,6 +40,10 @@ RETRACT_RATIO_STEP = 0.2
 # A waiting request whose uncached prefix overlaps a request admitted this step by this many tokens waits a
 # step, then reads that prefix from the cache instead of computing it twice.
 DEDUP_MIN_TOKENS = 32
+# Jump-forward (constrained decoding) may re-tokenise a request's latest output tokens. Only tokens not yet
+# sent are ever dropped, so a constrained request's last JUMP_FORWARD_HOLD tokens are held back from
+# emission until they are final (or the request finishes): the detokenizer only ever sees final tokens.
+JUMP_FORWARD_HOLD = 4
 
 
 class ControlCall:
@@ -92,6 +96,8 @@ class Scheduler:
         self._step_tokens = 0
         self.hit_tokens = 0  # prompt tokens served by the cache
         self.miss_tokens = 0  # prompt tokens computed
+        self.jump_forwards = 0
+        self.jump_forward_tokens = 0
 
     # ----- intake -------------------------------------------------------------------------------------
 
@@ -219,7 +225,7 @@ class Scheduler:
                 break
             if self._shares_uncached_prefix(req, admitted, matches[req.rid][0]):
                 continue
-            match = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=req.num_retractions == 0)
+            match = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False)
             self.cache.lock(match.node)
             need = math.ceil((req.total_len + 1) / self.page_size) - len(match.pages)
             reserve = math.ceil(
@@ -237,7 +243,8 @@ class Scheduler:
                 page, tokens = reused
                 req.pages.append(page)
                 req.num_computed += tokens
-            if req.num_retractions == 0:
+            if req.num_retractions == 0:  # count a request's lookup once, when it is admitted
+                self.cache.record(match.num_tokens, self._match_limit(req))
                 req.cached_tokens = req.num_computed
                 self.hit_tokens += req.num_computed
                 self.miss_tokens += len(req.prompt_ids) - req.num_computed
@@ -372,7 +379,7 @@ class Scheduler:
             if req.wants_prompt_logprobs:
                 self._collect_prompt_logprobs(req, start, n, rows)
             req.num_computed += n
-            if n > 1:
+            if n > 1 and start < len(req.prompt_ids):  # a prefill chunk (not a jump-forward extend)
                 self._cache_prefix(req)
             if req.num_computed < req.total_len:
                 continue  # a prefill chunk that does not reach the end yet
@@ -386,6 +393,8 @@ class Scheduler:
             for req, token in zip(samplers, next_ids):
                 req.output_ids.append(token)
                 self._check_finish(req, token)
+                if not req.finished and req.grammar is not None:
+                    self._jump_forward(req)
         progressed = [req for req, _ in plan if req.num_computed == req.total_len - 1 or req.finished]
         for req in progressed:
             if req.finished:
@@ -440,10 +449,47 @@ class Scheduler:
                     reqs[i].pending_output_top.append(top[j][: reqs[i].top_logprobs_num])
         return tokens.tolist()
 
+    def _jump_forward(self, req: Req) -> None:
+        """Append the text the grammar forces now; the next step computes it as one extend chunk.
+
+        Only output tokens that were neither sent (see JUMP_FORWARD_HOLD) nor put in tree pages may be
+        re-tokenised, so a drop never changes streamed text nor touches shared KV. Dropped tokens that had
+        KV leave their slots in private pages, overwritten by the extend. Not for logprob requests (the
+        appended tokens were not sampled).
+        """
+        if req.return_logprob or not self.grammars.jump_forward_enabled:
+            return
+        frozen = max(req.num_sent, req.num_tree_pages * self.page_size - len(req.prompt_ids), 0)
+        room = min(req.params.max_new_tokens - len(req.output_ids), self.context_length - req.total_len)
+        if room < 1 or frozen >= len(req.output_ids):
+            return
+        jf = self.grammars.jump_forward(req.grammar, req.output_ids[frozen:], max_tokens_to_append=room)
+        if jf is None:
+            return
+        if jf.num_tokens_to_drop:
+            del req.output_ids[len(req.output_ids) - jf.num_tokens_to_drop :]
+            req.num_computed = min(req.num_computed, req.total_len)
+        req.output_ids.extend(jf.tokens_to_append)
+        if req.num_computed >= req.total_len:  # nothing appended (cannot happen with room >= 1): recompute the last
+            req.num_computed = req.total_len - 1
+        self.jump_forwards += 1
+        self.jump_forward_tokens += len(jf.tokens_to_append) - jf.num_tokens_to_drop
+        if req.stop_text is not None:  # re-render the stop-string check over the new token sequence
+            req.stop_text = TextStream(self.tokenizer, req.params.stop, req.params.skip_special_tokens)
+            req.stop_text.add(req.output_ids)
+            if req.stop_text.stopped_at is not None:
+                self._finish(req, {"type": "stop", "matched": req.stop_text.stopped_at})
+                return
+        if req.grammar.is_finished():
+            self._finish(req, {"type": "stop", "matched": None})
+        elif len(req.output_ids) >= req.params.max_new_tokens or req.total_len >= self.context_length:
+            self._finish(req, {"type": "length", "matched": None})
+
     def _check_finish(self, req: Req, token: int) -> None:
         params = req.params
-        if req.grammar is not None:
-            req.grammar.accept_token(token)
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            self._finish(req, {"type": "abort", "message": f"constrained decoding: the grammar rejected token {token}"})
+            return
         if token in (params.stop_token_ids or []) or (token in self.eos_ids and not params.ignore_eos):
             self._finish(req, {"type": "stop", "matched": token})
             return
@@ -464,9 +510,13 @@ class Scheduler:
     def _emit(self, reqs: list[Req]) -> None:
         deltas = []
         for req in reqs:
+            end = len(req.output_ids)
+            if req.grammar is not None and req.finish_reason is None and not req.return_logprob \
+                    and self.grammars.jump_forward_enabled:
+                end = max(req.num_sent, end - JUMP_FORWARD_HOLD)  # may still be re-tokenised by jump-forward
             delta = ReqDelta(
                 rid=req.rid,
-                new_ids=req.output_ids[req.num_sent :],
+                new_ids=req.output_ids[req.num_sent : end],
                 finish_reason=req.finish_reason,
                 prompt_tokens=len(req.prompt_ids),
                 cached_tokens=req.cached_tokens,
@@ -483,7 +533,7 @@ class Scheduler:
                     delta.input_logprobs = req.input_logprobs
                     delta.input_top_logprobs = req.input_top_logprobs if req.top_logprobs_num else None
             req.input_logprobs_sent = True
-            req.num_sent = len(req.output_ids)
+            req.num_sent = end
             deltas.append(delta)
         if deltas:
             self.sink(BatchTokenOut(deltas))
@@ -515,6 +565,8 @@ class Scheduler:
             num_retractions=self.num_retractions,
             last_step_seconds=self.last_step_seconds,
             steps=self.steps,
+            jump_forwards=self.jump_forwards,
+            jump_forward_tokens=self.jump_forward_tokens,
         )
 
     def _maybe_log(self) -> None:
