@@ -564,3 +564,46 @@ def test_grammar_backend_facade(tokenizer, eos_ids):
         assert backend.jump_forward(grammar.matcher(), []) is None
     finally:
         backend.shutdown()
+
+
+def test_apply_token_masks_matches_bitmask_path(compiler, tokenizer):
+    """The scheduler's CPU path (per-state sparse ids / dense rows) equals fill_bitmasks + apply_bitmask, for
+    every mask kind, mixed with unconstrained rows, all rows constrained, and bf16 logits."""
+    from radixrt.constrained import apply_token_masks
+    from radixrt.constrained.masks import MASK_ALLOWED, MASK_DENSE, MASK_DISALLOWED
+
+    grammar = compiler.compile("json_schema", {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}}, "required": ["name", "n"]}, timeout=120)
+    vocab = compiler.vocab_size
+    rng = random.Random(1)
+    matchers = []
+    while len(matchers) < 24:
+        matcher = GrammarMatcher(grammar)
+        for _ in range(rng.randrange(0, 14)):
+            allowed = unpack_bitmask(matcher.allowed_row()[None], vocab)[0].nonzero().flatten().tolist()
+            allowed = [t for t in allowed if t not in grammar.info.eos_token_ids]
+            if not allowed or matcher.is_finished():
+                break
+            matcher.accept_token(rng.choice(allowed))
+        matchers.append(matcher)
+    kinds = {grammar.token_mask(m.state)[0] for m in matchers}
+    assert {MASK_ALLOWED, MASK_DISALLOWED} <= kinds, kinds
+    # a dense state: any row with many allowed and many disallowed ids (forced here through a tiny limit)
+    from radixrt.constrained import masks
+
+    kind, bias = masks.token_mask_of_row(grammar.allowed_row(matchers[0].state), vocab)
+    old = masks.SPARSE_MASK_LIMIT
+    masks.SPARSE_MASK_LIMIT = 0
+    try:
+        kind, bias = masks.token_mask_of_row(grammar.allowed_row(matchers[0].state), vocab)
+        assert kind == MASK_DENSE and torch.equal(bias == 0, unpack_bitmask(grammar.allowed_row(matchers[0].state)[None], vocab)[0])
+        grammar._token_masks[matchers[0].state] = (kind, bias)
+        for rows in (matchers, [m if i % 3 else None for i, m in enumerate(matchers)], [None] * 4):
+            for dtype in (torch.float32, torch.bfloat16):
+                logits = torch.randn(len(rows), vocab).to(dtype)
+                bitmask = allocate_bitmask(len(rows), vocab)
+                want = apply_bitmask(logits.clone(), bitmask, fill_bitmasks(bitmask, rows))
+                assert torch.equal(apply_token_masks(logits.clone(), rows), want)
+    finally:
+        masks.SPARSE_MASK_LIMIT = old
+        grammar._token_masks.clear()

@@ -5,7 +5,8 @@
 Per step and batch: (a) no constraint (nothing to do but the check), (b) every row constrained by a
 JSON schema: fill the packed bitmask from each request's matcher state and apply it to float32 logits
 [batch, vocab]; (c) half the rows constrained. Also the old-style bool ``masked_fill_`` for comparison,
-and the compile time of the grammar. Uses the default model's tokenizer only (no forward pass).
+and the compile time of the grammar. ``token_masks_*``: what the scheduler runs on CPU
+(``GrammarBackend.apply_masks`` -> ``apply_token_masks``: per-state cached sparse ids or dense rows). Uses the default model's tokenizer only (no forward pass).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def _time_us(fn, steps: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from radixrt.constrained import GrammarCompiler, GrammarMatcher, allocate_bitmask, apply_bitmask, fill_bitmasks, unpack_bitmask
+    from radixrt.constrained import (GrammarCompiler, GrammarMatcher, allocate_bitmask, apply_bitmask,
+                                     apply_token_masks, fill_bitmasks, unpack_bitmask)
     from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
     from radixrt.tokenizer import eos_token_ids, load_tokenizer
 
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
                 break
             matcher.accept_token(rng.choice(allowed))
         matcher.allowed_row()  # state rows are cached after the first visit
+        grammar.token_mask(matcher.state)
         matchers.append(matcher)
 
     logits = torch.randn(args.batch, vocab)
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     def apply_boolfill():
         logits[:, :vocab].masked_fill_(~unpack_bitmask(bitmask, vocab), float("-inf"))
 
+    kinds = [grammar.token_mask(m.state)[0] for m in matchers]
     results = {
         "batch": args.batch,
         "vocab": vocab,
@@ -104,6 +108,10 @@ def main(argv: list[str] | None = None) -> dict:
         "fill_only_all_us": round(_time_us(lambda: fill_bitmasks(bitmask, matchers), args.steps), 1),
         "fill_apply_all_us": round(_time_us(lambda: step(matchers), args.steps), 1),
         "fill_apply_half_us": round(_time_us(lambda: step(half), args.steps), 1),
+        "token_masks_all_us": round(_time_us(lambda: apply_token_masks(logits, matchers), args.steps), 1),
+        "token_masks_half_us": round(_time_us(lambda: apply_token_masks(logits, half), args.steps), 1),
+        "token_masks_none_us": round(_time_us(lambda: apply_token_masks(logits, none), args.steps), 1),
+        "token_mask_kinds_allowed_disallowed_dense": [kinds.count(k) for k in (0, 1, 2)],
         "apply_only_bias_all_us": round(_time_us(lambda: _apply_all(logits, bitmask, vocab), args.steps), 1),
         "apply_only_unpack_masked_fill_all_us": round(_time_us(apply_boolfill, args.steps), 1),
         "apply_only_prebuilt_bool_masked_fill_all_us": round(

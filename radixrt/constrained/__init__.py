@@ -55,6 +55,7 @@ _LAZY = {
     "allocate_bitmask": "masks",
     "apply_bitmask": "masks",
     "apply_bitmask_reference": "masks",
+    "apply_token_masks": "masks",
     "bitmask_words": "masks",
     "fill_bitmasks": "masks",
     "unpack_bitmask": "masks",

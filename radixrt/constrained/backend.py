@@ -10,7 +10,7 @@ import torch
 
 from radixrt.constrained.grammar import Grammar, GrammarCompiler
 from radixrt.constrained.jump_forward import JumpForward, jump_forward
-from radixrt.constrained.masks import allocate_bitmask, apply_bitmask, fill_bitmasks
+from radixrt.constrained.masks import allocate_bitmask, apply_bitmask, apply_token_masks, fill_bitmasks
 from radixrt.constrained.matcher import GrammarMatcher
 
 
@@ -35,6 +35,8 @@ class GrammarBackend:
 
     def apply_masks(self, logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]) -> torch.Tensor:
         """Mask row i of ``logits`` by ``matchers[i]`` (None: unconstrained), in place, vectorised."""
+        if logits.device.type == "cpu":
+            return apply_token_masks(logits, matchers)
         if self._bitmask.shape[0] < len(matchers):
             self._bitmask = allocate_bitmask(max(len(matchers), 2 * self._bitmask.shape[0]), self.vocab_size)
         bitmask = self._bitmask[: len(matchers)]

@@ -44,6 +44,7 @@ class Grammar:
         self.compile_seconds = 0.0
         self._final = frozenset(index.get_final_states())
         self._rows: dict[int, torch.Tensor] = {}
+        self._token_masks: dict[int, tuple[int, torch.Tensor]] = {}
         self._continues: dict[int, bool] = {}
         self._forced_byte: dict[int, int] = {}
         self._forced: dict[int, tuple[bytes, int]] = {}
@@ -75,6 +76,19 @@ class Grammar:
             self._visit(state)
             row = self._rows[state]
         return row
+
+    def token_mask(self, state: int) -> tuple[int, torch.Tensor]:
+        """The cheapest form of ``state``'s mask for ``masks.apply_token_masks`` (cached):
+        ``(MASK_ALLOWED, int64 ids)`` when few tokens are allowed, ``(MASK_DISALLOWED, int64 ids)`` when
+        few are not, else ``(MASK_DENSE, float32 [mask_vocab_size] row of 0.0 / -inf)``."""
+        mask = self._token_masks.get(state)
+        if mask is None:
+            from radixrt.constrained.masks import token_mask_of_row
+
+            mask = token_mask_of_row(self.allowed_row(state), self.mask_vocab_size)
+            with self._lock:
+                self._token_masks[state] = mask
+        return mask
 
     def _visit(self, state: int) -> None:
         allowed = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)

@@ -9,6 +9,12 @@ Applying on CPU: the bits are expanded into an additive float bias (``+0.0`` all
 integer shifts, and added to the logits. That is branch-free; ``masked_fill`` with a bool mask costs
 several times more on CPU (measured by ``python -m radixrt.bench.constrained_bench``). Elsewhere (CUDA)
 the bits become a bool mask for ``masked_fill_``.
+
+The scheduler's path (``apply_token_masks``, CPU) avoids touching whole rows where it can: each grammar
+state caches its mask in the cheapest of three forms (``Grammar.token_mask``): the allowed ids (structural
+JSON states: a few dozen), the disallowed ids (inside strings: nearly everything is allowed), or a dense
+0/-inf float row (the rest). A step then costs one gather/fill/scatter for the first kind, one
+``index_fill_`` for the second, one ``add_`` per row for the third; unconstrained rows are never touched.
 """
 
 from __future__ import annotations
@@ -102,6 +108,84 @@ def _apply_all(logits: torch.Tensor, bitmask: torch.Tensor, width: int) -> None:
         logits[:, :width].add_(bias if logits.dtype == torch.float32 else bias.to(logits.dtype))
     else:
         logits[:, :width].masked_fill_(~unpack_bitmask(bitmask, width), float("-inf"))
+
+
+MASK_ALLOWED, MASK_DISALLOWED, MASK_DENSE = 0, 1, 2
+SPARSE_MASK_LIMIT = 4096  # ids in a sparse form; beyond, a dense row is cheaper (index ops are ~6 ns an id)
+
+
+def token_mask_of_row(row: torch.Tensor, vocab_size: int) -> tuple[int, torch.Tensor]:
+    """A packed row -> ``(MASK_ALLOWED | MASK_DISALLOWED, int64 ids)`` or ``(MASK_DENSE, float32 bias)``."""
+    allowed = unpack_bitmask(row[None], vocab_size)[0]
+    num_allowed = int(allowed.sum())
+    if num_allowed <= SPARSE_MASK_LIMIT:
+        return MASK_ALLOWED, allowed.nonzero().flatten()
+    if vocab_size - num_allowed <= SPARSE_MASK_LIMIT:
+        return MASK_DISALLOWED, (~allowed).nonzero().flatten()
+    bias = torch.zeros(vocab_size, dtype=torch.float32)
+    bias.masked_fill_(~allowed, float("-inf"))
+    return MASK_DENSE, bias
+
+
+def apply_token_masks(logits: torch.Tensor, matchers: Sequence) -> torch.Tensor:
+    """Mask row i of ``logits`` by ``matchers[i]`` (None: untouched), in place; returns ``logits``.
+
+    Same result as ``fill_bitmasks`` + ``apply_bitmask`` (tested), from each state's cached
+    ``Grammar.token_mask``. Needs contiguous CPU logits exactly as wide as the grammars' masks; anything
+    else goes through the bitmask path.
+    """
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return logits
+    vocab = logits.shape[1]
+    if (logits.device.type != "cpu" or logits.dim() != 2 or not logits.is_contiguous()
+            or any(matchers[i].grammar.mask_vocab_size != vocab for i in rows)):
+        bitmask = allocate_bitmask(len(matchers), max(vocab, 1), logits.device)
+        return apply_bitmask(logits, bitmask, fill_bitmasks(bitmask, matchers))
+    flat = logits.view(-1)
+    allowed_rows, allowed_ids, allowed_counts = [], [], []
+    disallowed_ids, disallowed_counts, disallowed_rows = [], [], []
+    for i in rows:
+        matcher = matchers[i]
+        kind, data = matcher.grammar.token_mask(matcher.state)
+        if kind == MASK_ALLOWED:
+            allowed_rows.append(i)
+            allowed_ids.append(data)
+            allowed_counts.append(data.numel())
+        elif kind == MASK_DISALLOWED:
+            disallowed_rows.append(i)
+            disallowed_ids.append(data)
+            disallowed_counts.append(data.numel())
+        else:
+            bias = data if logits.dtype == torch.float32 else data.to(logits.dtype)
+            logits[i].add_(bias)
+    if disallowed_rows:
+        index = _flat_index(disallowed_ids, disallowed_rows, disallowed_counts, vocab)
+        flat.index_fill_(0, index, float("-inf"))
+    if allowed_rows:
+        index = _flat_index(allowed_ids, allowed_rows, allowed_counts, vocab)
+        kept = flat.index_select(0, index)
+        for start, stop in _runs(allowed_rows):  # slice fills: index_fill_ along dim 0 is ~10x slower
+            logits[start:stop].fill_(float("-inf"))
+        flat.index_copy_(0, index, kept)
+    return logits
+
+
+def _runs(rows: list[int]):
+    """Ascending row indices -> (start, stop) of each run of consecutive rows."""
+    start = prev = rows[0]
+    for row in rows[1:]:
+        if row != prev + 1:
+            yield start, prev + 1
+            start = row
+        prev = row
+    yield start, prev + 1
+
+
+def _flat_index(ids: list[torch.Tensor], rows: list[int], counts: list[int], vocab: int) -> torch.Tensor:
+    index = torch.cat(ids) if len(ids) > 1 else ids[0].clone()
+    index += torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64) * vocab, torch.tensor(counts))
+    return index
 
 
 def apply_bitmask_reference(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
