@@ -40,6 +40,24 @@ def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int) 
     return allowed
 
 
+def decode_metadata(
+    page_table: torch.Tensor, seq_lens: torch.Tensor, sliding_window: int = 0, page_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`decode_attention` derives from the batch alone, the same for every layer: compute it once
+    per forward and pass it as ``meta``. Returns (the page table as int64 ``[B, pages]``, the keys each query
+    may attend ``[B, 1, 1, pages * page_size]`` bool)."""
+    if page_size is None:
+        raise ValueError("decode_metadata needs the page size")
+    seq_lens = seq_lens.long()
+    pages = page_table.long()
+    max_len = pages.shape[1] * page_size
+    positions = torch.arange(max_len, device=pages.device)[None, :]
+    allowed = positions < seq_lens[:, None]
+    if sliding_window > 0:
+        allowed &= positions > seq_lens[:, None] - 1 - sliding_window
+    return pages, allowed[:, None, None, :]
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -48,28 +66,26 @@ def decode_attention(
     seq_lens: torch.Tensor,
     sm_scale: float,
     sliding_window: int = 0,
+    meta: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One query token per request (``q``: ``[B, heads, head_dim]``) over ragged paged histories.
 
     ``seq_lens[r]`` counts request r's keys, the current token included. Returns ``[B, heads, head_dim]``.
+    K/V are gathered a whole page at a time (contiguous ``page_size * kv_heads * head_dim`` blocks, no
+    per-token index math) and read by SDPA through a strided view, without a second copy; positions past a
+    request's length (the rest of its last page, the padding of the page table) are masked out.
     """
     batch, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_cache.shape
     group = heads // kv_heads
-    seq_lens = seq_lens.to(q.device).long()
-    max_len = int(seq_lens.max())
-    positions = torch.arange(max_len, device=q.device).expand(batch, max_len)
-    valid = positions < seq_lens[:, None]
-    slots = gather_slots(page_table, torch.where(valid, positions, 0), page_size)
-    keys = k_cache.view(-1, kv_heads, head_dim)[slots].permute(0, 2, 1, 3)  # [B, KH, L, D]
-    values = v_cache.view(-1, kv_heads, head_dim)[slots].permute(0, 2, 1, 3)
-    allowed = valid & _window_mask(seq_lens[:, None] - 1, positions, sliding_window)
+    pages, allowed = meta if meta is not None else decode_metadata(page_table, seq_lens, sliding_window, page_size)
+    max_len = pages.shape[1] * page_size
+    keys = k_cache[pages].view(batch, max_len, kv_heads, head_dim).transpose(1, 2)  # [B, KH, L, D] view
+    values = v_cache[pages].view(batch, max_len, kv_heads, head_dim).transpose(1, 2)
+    if keys.dtype != q.dtype:
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
     out = F.scaled_dot_product_attention(
-        q.view(batch, kv_heads, group, head_dim),
-        keys.to(q.dtype),
-        values.to(q.dtype),
-        attn_mask=allowed[:, None, None, :],
-        scale=sm_scale,
+        q.view(batch, kv_heads, group, head_dim), keys, values, attn_mask=allowed, scale=sm_scale
     )
     return out.reshape(batch, heads, head_dim)
 
@@ -93,17 +109,15 @@ def extend_attention(
     _, page_size, kv_heads, _ = k_cache.shape
     group = heads // kv_heads
     out = torch.empty_like(q)
-    flat_k = k_cache.view(-1, kv_heads, head_dim)
-    flat_v = v_cache.view(-1, kv_heads, head_dim)
     start = 0
     for r, (prefix, extend) in enumerate(zip(prefix_lens.tolist(), extend_lens.tolist())):
         if extend == 0:
             continue
         seq_len = prefix + extend
         k_pos = torch.arange(seq_len, device=q.device)
-        slots = gather_slots(page_table[r : r + 1], k_pos[None], page_size)[0]
-        keys = flat_k[slots].transpose(0, 1).to(q.dtype)  # [KH, S, D]
-        values = flat_v[slots].transpose(0, 1).to(q.dtype)
+        pages = page_table[r, : -(-seq_len // page_size)].long()  # whole pages, then the first seq_len rows
+        keys = k_cache[pages].view(-1, kv_heads, head_dim)[:seq_len].transpose(0, 1).to(q.dtype)  # [KH, S, D]
+        values = v_cache[pages].view(-1, kv_heads, head_dim)[:seq_len].transpose(0, 1).to(q.dtype)
         q_r = q[start : start + extend].view(extend, kv_heads, group, head_dim)
         q_r = q_r.permute(1, 2, 0, 3).reshape(kv_heads, group * extend, head_dim)
         q_pos = (prefix + torch.arange(extend, device=q.device)).repeat(group)

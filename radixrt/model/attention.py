@@ -40,6 +40,15 @@ class PagedAttention:
         k_cache, v_cache = self.pool.k_caches[layer], self.pool.v_caches[layer]
         self.ops.store_kv(k_cache, v_cache, batch.out_slots, k, v)
         if batch.is_decode:
+            if self.ops is torch_ref:
+                # the page index and mask are the same for every layer: derive them once per forward
+                meta = batch.attn_cache.get(("decode", sliding_window))
+                if meta is None:
+                    meta = torch_ref.decode_metadata(batch.page_table, batch.seq_lens, sliding_window, k_cache.shape[1])
+                    batch.attn_cache[("decode", sliding_window)] = meta
+                return torch_ref.decode_attention(
+                    q, k_cache, v_cache, batch.page_table, batch.seq_lens, sm_scale, sliding_window, meta=meta
+                )
             return self.ops.decode_attention(
                 q, k_cache, v_cache, batch.page_table, batch.seq_lens, sm_scale, sliding_window
             )

@@ -33,6 +33,7 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # rows of the hidden states that become logits
     logits_counts: list[int] = field(default_factory=list)  # logits rows per request
     is_decode: bool = False  # every request computes exactly one token
+    attn_cache: dict = field(default_factory=dict)  # what the attention backend derives once per forward
 
     @property
     def batch_size(self) -> int:
@@ -46,28 +47,36 @@ class ForwardBatch:
         if min(extend_lens) < 1:
             raise ValueError("every request in a forward batch must compute at least one token")
         prefix_lens = [c.prefix_len for c in chunks]
-        max_pages = max(len(c.pages) for c in chunks)
-        page_table = torch.zeros((len(chunks), max_pages), dtype=torch.int32)
-        for row, chunk in enumerate(chunks):
-            page_table[row, : len(chunk.pages)] = torch.tensor(chunk.pages, dtype=torch.int32)
-
+        num_pages = [len(c.pages) for c in chunks]
+        max_pages = max(num_pages)
+        page_table = torch.tensor([c.pages + [0] * (max_pages - len(c.pages)) for c in chunks], dtype=torch.int32)
+        page_table = page_table.view(len(chunks), max_pages)
         extend_t = torch.tensor(extend_lens, dtype=torch.long)
         prefix_t = torch.tensor(prefix_lens, dtype=torch.long)
-        request_of_token = torch.repeat_interleave(torch.arange(len(chunks)), extend_t)
-        starts = torch.cumsum(extend_t, 0) - extend_t
-        offsets = torch.arange(int(extend_t.sum())) - starts[request_of_token]
-        positions = prefix_t[request_of_token] + offsets
-        pages = page_table.long()[request_of_token, positions // page_size]
-        if ((positions // page_size) >= torch.tensor([len(c.pages) for c in chunks])[request_of_token]).any():
+        total = sum(extend_lens)
+        is_decode = total == len(chunks)
+        if is_decode:  # one token each: no per-token expansion needed
+            request_of_token = torch.arange(len(chunks))
+            starts = request_of_token
+            positions = prefix_t
+        else:
+            request_of_token = torch.repeat_interleave(torch.arange(len(chunks)), extend_t)
+            starts = torch.cumsum(extend_t, 0) - extend_t
+            positions = prefix_t[request_of_token] + torch.arange(total) - starts[request_of_token]
+        page_of_token = positions // page_size
+        if bool((page_of_token >= torch.tensor(num_pages)[request_of_token]).any()):
             raise ValueError("a request's pages do not cover its new tokens")
-        out_slots = pages * page_size + positions % page_size
+        out_slots = page_table.long()[request_of_token, page_of_token] * page_size + positions % page_size
 
-        logits_indices: list[torch.Tensor] = []
-        counts: list[int] = []
-        for chunk, start, extend in zip(chunks, starts.tolist(), extend_lens):
-            first = extend - 1 if chunk.logits_from is None else chunk.logits_from
-            logits_indices.append(torch.arange(start + first, start + extend))
-            counts.append(extend - first)
+        firsts = [n - 1 if c.logits_from is None else c.logits_from for c, n in zip(chunks, extend_lens)]
+        counts = [n - f for n, f in zip(extend_lens, firsts)]
+        if is_decode:
+            logits_indices = torch.arange(len(chunks))
+        else:
+            counts_t = torch.tensor(counts, dtype=torch.long)
+            owner = torch.repeat_interleave(torch.arange(len(chunks)), counts_t)
+            first_rows = starts + torch.tensor(firsts, dtype=torch.long)
+            logits_indices = first_rows[owner] + torch.arange(int(counts_t.sum())) - (torch.cumsum(counts_t, 0) - counts_t)[owner]
         input_ids = torch.tensor([t for c in chunks for t in c.tokens], dtype=torch.long)
         return cls(
             input_ids=input_ids.to(device),
@@ -77,7 +86,7 @@ class ForwardBatch:
             prefix_lens=prefix_t.to(torch.int32).to(device),
             extend_lens=extend_t.to(torch.int32).to(device),
             seq_lens=(prefix_t + extend_t).to(torch.int32).to(device),
-            logits_indices=torch.cat(logits_indices).to(device),
+            logits_indices=logits_indices.to(device),
             logits_counts=counts,
-            is_decode=max(extend_lens) == 1,
+            is_decode=is_decode,
         )
