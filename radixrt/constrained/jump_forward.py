@@ -13,8 +13,10 @@ What the scheduler must do with a ``JumpForward`` ``jf`` for a request:
    KV (in decode, every output token but the last one does) and uncache nothing else: the kept prefix is
    unchanged, so its KV stays valid;
 2. append ``jf.tokens_to_append`` to the output ids and compute their KV in one extend (prefill-like)
-   forward; the logits of the last one give the next token. Output text changes (``text_changed``)
-   where dropped tokens were already streamed: the detokenizer must re-decode from before them.
+   forward; the logits of the last one give the next token. Output text would change
+   (``text_changed``) where dropped tokens were already streamed; radixrt's scheduler never lets that
+   happen: it passes only the unsent, non-tree tail of the output ids and holds a constrained request's
+   last few tokens back from emission until they are final (``Scheduler._jump_forward``).
 The returned matcher state is already synchronised; do not call ``accept_token`` for the appended ids.
 """
 
