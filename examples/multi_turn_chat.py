@@ -23,7 +23,7 @@ def chat(s, turns):
     s += sgl.system("You are a helpful assistant. Answer in one short sentence.")
     for i, turn in enumerate(turns):
         s += sgl.user(turn)
-        s += sgl.assistant(sgl.gen(f"answer_{i}", max_tokens=16, stop="\n"))
+        s += sgl.assistant(sgl.gen(f"answer_{i}", max_tokens=12, stop="\n"))
 
 
 def main(backend=None, conversations=CONVERSATIONS):

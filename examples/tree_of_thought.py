@@ -20,12 +20,12 @@ def tree_of_thought(s, question, answers_per_approach=2):
     s += sgl.assistant_begin()
     approaches = s.fork(len(APPROACHES))
     for branch, hint in zip(approaches, APPROACHES):
-        branch += hint + " " + sgl.gen("plan", max_tokens=12, stop="\n", temperature=0.8)
+        branch += hint + " First," + sgl.gen("plan", max_tokens=10, min_tokens=2, stop="\n", temperature=0.8)
     # Level by level, so that the branches of one level run (and batch) together.
     leaves = [branch.fork(answers_per_approach) for branch in approaches]
     for group in leaves:
         for leaf in group:
-            leaf += "\nSo the answer is" + sgl.gen("answer", max_tokens=10, stop="\n", temperature=0.8)
+            leaf += "\nSo the answer is" + sgl.gen("answer", max_tokens=8, min_tokens=2, stop="\n", temperature=0.8)
             leaf += sgl.assistant_end()
             leaf += sgl.user("Is that answer right?")
             leaf += sgl.assistant(sgl.select("verdict", choices=["yes", "no"]))
@@ -42,7 +42,7 @@ def main(backend=None, question="Why is the sky blue?"):
         raise state.error()
     print(f"Q: {question}")
     for hint, plan, answers, verdicts in zip(APPROACHES, state["plan"], state["answer"], state["verdict"]):
-        print(f"- {hint} {plan.strip()}")
+        print(f"- {hint} First,{plan}")
         for answer, verdict in zip(answers, verdicts):
             print(f"    - So the answer is{answer}   [judged right: {verdict}]")
     return state

@@ -108,7 +108,8 @@ def test_tree_of_thought(backend):
     assert all(len(a) == 2 and len(v) == 2 for a, v in zip(answers, verdicts))
     assert all(v in ("yes", "no") for vs in verdicts for v in vs)
     leaves = [a for group in answers for a in group]
-    assert len(set(plans)) == len(plans) and len(set(leaves)) == len(leaves)  # the branches differ
+    assert all(p.strip() for p in plans) and len(set(plans)) == len(plans)  # the branches differ
+    assert len(leaves) == 4 and len(set(leaves)) >= 2  # sampled leaves (a short answer may repeat)
 
 
 def test_json_extraction(backend):
