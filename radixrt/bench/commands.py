@@ -123,9 +123,10 @@ def build_workload(args, tokenizer, vocab_size: int):
 
 
 def _engine_kwargs(args, **extra) -> dict:
-    return dict(model=args.model, dtype=args.dtype, page_size=args.page_size,
-                max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size,
-                kv_memory_gb=args.kv_memory_gb, schedule_policy=args.schedule_policy, log_interval=0.0, **extra)
+    kwargs = dict(model=args.model, dtype=args.dtype, page_size=args.page_size,
+                  max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size,
+                  kv_memory_gb=args.kv_memory_gb, schedule_policy=args.schedule_policy, log_interval=0.0)
+    return {**kwargs, **extra}
 
 
 def _finish(summaries, args, ctx) -> int:
