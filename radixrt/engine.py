@@ -14,7 +14,7 @@ import uuid
 from typing import Any, AsyncIterator, Iterator
 
 from radixrt.detokenize import Detokenizer
-from radixrt.messages import AbortReq, BatchTokenOut, FlushCacheReq, GenerateReq, StrDelta
+from radixrt.messages import AbortReq, BatchTokenOut, GenerateReq, StrDelta
 from radixrt.output import ResponseBuilder
 from radixrt.sampling.params import SamplingParams
 from radixrt.server_args import ServerArgs
@@ -41,30 +41,19 @@ class _Waiter:
 
 class Engine:
     def __init__(self, **kwargs: Any) -> None:
-        from radixrt.model.runner import ModelRunner
-        from radixrt.model.weights import resolve_model_path
+        from radixrt.model_setup import LoadedModel
         from radixrt.scheduler.scheduler import Scheduler
-        from radixrt.tokenizer import chat_template_info, eos_token_ids, load_tokenizer
 
         self.args = ServerArgs.from_kwargs(**kwargs)
-        args = self.args
-        self.model_path = resolve_model_path(args.model)
-        self.tokenizer = load_tokenizer(self.model_path)
-        self.runner = ModelRunner(
-            self.model_path,
-            dtype=args.dtype,
-            page_size=args.page_size,
-            num_pages=args.max_total_pages,
-            kv_memory_gb=args.kv_memory_gb,
-            attention_backend=args.attention_backend,
-            context_length=args.context_length,
-            device=args.device,
-        )
-        self.eos_ids = eos_token_ids(self.model_path, self.tokenizer)
-        self.grammars = self._make_grammar_backend()
-        self.scheduler = Scheduler(args, self.runner, self.tokenizer, self.eos_ids, self._on_tokens, self.grammars)
+        self.loaded = LoadedModel.load(self.args)
+        self.model_path = self.loaded.model_path
+        self.tokenizer = self.loaded.tokenizer
+        self.runner = self.loaded.runner
+        self.eos_ids = self.loaded.eos_ids
+        self.grammars = self.loaded.grammars
+        self.chat_template = self.loaded.chat_template
+        self.scheduler = Scheduler(self.args, self.runner, self.tokenizer, self.eos_ids, self._on_tokens, self.grammars)
         self.detokenizer = Detokenizer(self.tokenizer)
-        self.chat_template = chat_template_info(self.tokenizer)
         self._waiters: dict[str, _Waiter] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -73,14 +62,6 @@ class Engine:
         self._counter = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="radixrt-scheduler", daemon=True)
         self._thread.start()
-
-    def _make_grammar_backend(self):
-        try:
-            from radixrt.constrained import GrammarBackend
-        except ImportError:
-            return None
-        return GrammarBackend(self.tokenizer, self.eos_ids, self.runner.config.vocab_size,
-                              jump_forward=not self.args.disable_jump_forward)
 
     # ----- the scheduler thread -----------------------------------------------------------------------
 
@@ -320,16 +301,7 @@ class Engine:
         return call.result
 
     def get_model_info(self) -> dict[str, Any]:
-        return {
-            "model_path": str(self.model_path),
-            "served_model_name": self.args.served_model_name or self.args.model,
-            "context_length": self.runner.context_length,
-            "vocab_size": self.runner.config.vocab_size,
-            "dtype": str(self.runner.dtype).replace("torch.", ""),
-            "page_size": self.runner.page_size,
-            "chat_template": self.chat_template,
-            "eos_token_ids": sorted(self.eos_ids),
-        }
+        return self.loaded.model_info()
 
     def get_stats(self) -> dict[str, Any]:
         import msgspec

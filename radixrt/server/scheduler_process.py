@@ -17,7 +17,6 @@ import signal
 import sys
 import time
 
-import msgspec
 import zmq
 
 from radixrt.messages import (
@@ -57,53 +56,17 @@ class StepHistogram:
         return out
 
 
-def model_info(args: ServerArgs, model_path, runner, chat_template, eos_ids) -> dict:
-    """The same dict as Engine.get_model_info()."""
-    return {
-        "model_path": str(model_path),
-        "served_model_name": args.served_model_name or args.model,
-        "context_length": runner.context_length,
-        "vocab_size": runner.config.vocab_size,
-        "dtype": str(runner.dtype).replace("torch.", ""),
-        "page_size": runner.page_size,
-        "chat_template": chat_template,
-        "eos_token_ids": sorted(eos_ids),
-    }
-
-
-def make_grammar_backend(args: ServerArgs, tokenizer, eos_ids, vocab_size):
-    """The engine-side grammar backend when radixrt.constrained provides one (as Engine does)."""
-    try:
-        from radixrt.constrained import GrammarBackend
-    except ImportError:
-        return None
-    return GrammarBackend(tokenizer, eos_ids, vocab_size, jump_forward=not args.disable_jump_forward)
-
-
 class SchedulerProcess:
     def __init__(self, args: ServerArgs, paths: IpcPaths, parent_pid: int) -> None:
-        from radixrt.detokenize import Detokenizer  # noqa: F401  (keeps import errors early and explicit)
-        from radixrt.model.runner import ModelRunner
-        from radixrt.model.weights import resolve_model_path
+        from radixrt.model_setup import LoadedModel
         from radixrt.scheduler.scheduler import Scheduler
-        from radixrt.tokenizer import chat_template_info, eos_token_ids, load_tokenizer
 
         self.args = args
         self.parent_pid = parent_pid
-        self.model_path = resolve_model_path(args.model)
-        self.tokenizer = load_tokenizer(self.model_path)
-        self.runner = ModelRunner(
-            self.model_path,
-            dtype=args.dtype,
-            page_size=args.page_size,
-            num_pages=args.max_total_pages,
-            kv_memory_gb=args.kv_memory_gb,
-            attention_backend=args.attention_backend,
-            context_length=args.context_length,
-            device=args.device,
-        )
-        self.eos_ids = eos_token_ids(self.model_path, self.tokenizer)
-        grammars = make_grammar_backend(args, self.tokenizer, self.eos_ids, self.runner.config.vocab_size)
+        loaded = LoadedModel.load(args)
+        self.model_path, self.tokenizer, self.runner = loaded.model_path, loaded.tokenizer, loaded.runner
+        self.eos_ids = loaded.eos_ids
+        grammars = loaded.grammars
 
         self.ctx = zmq.Context()
         self.inbox = self.ctx.socket(zmq.PULL)
@@ -121,8 +84,7 @@ class SchedulerProcess:
         self.running = True
         self.to_tokenizer.send(ENCODER.encode(SchedulerReady(
             pid=os.getpid(),
-            model_info=model_info(args, self.model_path, self.runner, chat_template_info(self.tokenizer),
-                                  self.eos_ids),
+            model_info=loaded.model_info(),
             vocab_size=self.runner.config.vocab_size,
             context_length=self.runner.context_length,
             page_size=self.runner.page_size,
