@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from radixrt.memory.page_pool import KVLayout, PagePool
+from radixrt.model.cpu_malloc import keep_freed_memory
 from radixrt.model.attention import PagedAttention
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM, head_dim_of
@@ -73,6 +74,8 @@ class ModelRunner:
         self.config = load_config(self.model_path)
         self.dtype = parse_dtype(dtype)
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.context_length = int(context_length or self.config.max_position_embeddings)
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(self.device):
