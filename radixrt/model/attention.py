@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from radixrt.kernels import torch_ref
+from radixrt.kernels import torch_cascade, torch_ref
 from radixrt.memory.page_pool import PagePool
 from radixrt.model.forward_batch import ForwardBatch
 
@@ -41,7 +41,14 @@ class PagedAttention:
         self.ops.store_kv(k_cache, v_cache, batch.out_slots, k, v)
         if batch.is_decode:
             if self.ops is torch_ref:
-                # the page index and mask are the same for every layer: derive them once per forward
+                # what the page table implies is the same for every layer: derive it once per forward
+                if sliding_window == 0:
+                    plan = batch.attn_cache.get("cascade")
+                    if plan is None:
+                        plan = torch_cascade.plan_decode(batch.page_table, batch.seq_lens, k_cache.shape[1])
+                        batch.attn_cache["cascade"] = plan
+                    if plan.groups:
+                        return torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, sm_scale)
                 meta = batch.attn_cache.get(("decode", sliding_window))
                 if meta is None:
                     meta = torch_ref.decode_metadata(batch.page_table, batch.seq_lens, sliding_window, k_cache.shape[1])

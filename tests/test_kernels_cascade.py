@@ -1,0 +1,97 @@
+"""Cascade decode attention: a shared prefix read once per group must give plain paged decode's result."""
+
+import pytest
+import torch
+
+from radixrt.kernels import torch_cascade, torch_ref
+
+SCALE = 8**-0.5
+
+
+def shared_case(page_size: int, layout: list[tuple[int, int]], dtype=torch.float32, seed: int = 0):
+    """``layout``: per request (shared-prefix id or -1, own tokens). Prefix ``i`` has ``i + 2`` full pages."""
+    gen = torch.Generator().manual_seed(seed)
+    kv_heads, head_dim, heads = 2, 8, 6
+    next_page = [1]
+
+    def take(n):
+        ids = list(range(next_page[0], next_page[0] + n))
+        next_page[0] += n
+        return ids
+
+    prefixes = {}
+    rows, lens = [], []
+    for prefix, own in layout:
+        if prefix >= 0 and prefix not in prefixes:
+            prefixes[prefix] = take(prefix + 2)
+        shared = prefixes.get(prefix, [])
+        rows.append(shared + take(-(-own // page_size)))
+        lens.append(len(shared) * page_size + own)
+    width = max(len(r) for r in rows)
+    table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+    perm = torch.randperm(next_page[0], generator=gen).int()  # scatter pages over the pool
+    table = torch.where(table > 0, perm[table.long()] + 1, 0).int()
+    k_cache = torch.randn(next_page[0] + 1, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(next_page[0] + 1, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+    q = torch.randn(len(layout), heads, head_dim, generator=gen).to(dtype)
+    return q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32)
+
+
+LAYOUTS = {
+    "one group and loners": [(0, 5), (-1, 9), (0, 1), (0, 16), (-1, 3), (0, 7)],
+    "two groups": [(1, 4), (0, 2), (1, 1), (0, 11), (1, 17)],
+    "pair, own part one token": [(2, 1), (2, 1)],
+}
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_cascade_equals_paged_decode(page_size, layout):
+    q, k_cache, v_cache, table, lens = shared_case(page_size, LAYOUTS[layout])
+    plan = torch_cascade.plan_decode(table, lens, page_size)
+    assert plan.groups, "the layout shares pages, so the plan must use them"
+    out = torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, SCALE)
+    expected = torch_ref.decode_attention(q, k_cache, v_cache, table, lens, SCALE)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+def test_bf16_within_tolerance():
+    q, k_cache, v_cache, table, lens = shared_case(4, LAYOUTS["two groups"], dtype=torch.bfloat16)
+    plan = torch_cascade.plan_decode(table, lens, 4)
+    out = torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, SCALE)
+    assert out.dtype == torch.bfloat16
+    expected = torch_ref.decode_attention(q.float(), k_cache.float(), v_cache.float(), table, lens, SCALE)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_plan_finds_groups_and_their_shared_pages():
+    q, k_cache, v_cache, table, lens = shared_case(4, LAYOUTS["two groups"])
+    plan = torch_cascade.plan_decode(table, lens, 4)
+    found = sorted((r.rows.tolist(), len(r.pages)) for r in plan.groups)
+    assert found == [([0, 2, 4], 3), ([1, 3], 2)]
+    for group in plan.groups:
+        assert torch.equal(group.pages, table[group.rows[0], : len(group.pages)].long())
+    # each request keeps its own pages only, and its mask covers exactly its own tokens
+    assert plan.allowed.sum(-1).flatten().tolist() == [4, 2, 1, 11, 17]
+
+
+def test_no_groups_when_nothing_is_shared_or_only_the_current_page_is():
+    _, _, _, table, lens = shared_case(4, [(-1, 5), (-1, 9), (-1, 2)])
+    assert torch_cascade.plan_decode(table, lens, 4).groups == []
+    # two requests on the same single page (n samples right after prefill): the current page is never shared
+    same = torch.tensor([[3], [3]], dtype=torch.int32)
+    assert torch_cascade.plan_decode(same, torch.tensor([2, 2]), 4).groups == []
+
+
+def test_groups_are_capped_by_pages_saved():
+    layout = [(i, 1) for i in range(torch_cascade.MAX_GROUPS + 2) for _ in range(2)]
+    _, _, _, table, lens = shared_case(2, layout)
+    plan = torch_cascade.plan_decode(table, lens, 2)
+    assert len(plan.groups) == torch_cascade.MAX_GROUPS
+    assert min(len(g.pages) for g in plan.groups) == 4  # prefixes 0 and 1 (2 and 3 pages) saved the least
+
+
+def test_shared_run_stops_at_the_first_difference():
+    table = torch.tensor([[1, 2, 3, 4, 9], [1, 5, 3, 4, 10]], dtype=torch.int32)
+    plan = torch_cascade.plan_decode(table, torch.tensor([9, 9]), 2)
+    assert [g.pages.tolist() for g in plan.groups] == [[1]]
