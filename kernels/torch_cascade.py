@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixrt.kernels.torch_ref import decode_metadata, gather_pages
+from radixrt.kernels.torch_ref import decode_attention, decode_metadata, gather_pages
 
 MAX_GROUPS = 8  # past this, per-group overhead outweighs the copies saved
 
@@ -45,7 +45,7 @@ def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
     table = page_table.long()
     lens = seq_lens.long()
     num_pages = (lens + page_size - 1) // page_size
-    firsts, inverse, counts = torch.unique(table[:, 0], return_inverse=True, return_counts=True)
+    _, inverse, counts = torch.unique(table[:, 0], return_inverse=True, return_counts=True)
     candidates: list[tuple[int, torch.Tensor, int]] = []
     for g in torch.nonzero(counts >= 2).flatten().tolist():
         rows = torch.nonzero(inverse == g).flatten()
@@ -84,7 +84,12 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: fl
 def cascade_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan, sm_scale: float
 ) -> torch.Tensor:
-    """Same result as :func:`torch_ref.decode_attention` (no sliding window) for ``q`` ``[B, heads, D]``."""
+    """Same result as :func:`torch_ref.decode_attention` (no sliding window) for ``q`` ``[B, heads, D]``.
+
+    Without shared groups the plan is plain paged decode's metadata, and that path runs unchanged.
+    """
+    if not plan.groups:
+        return decode_attention(q, k_cache, v_cache, plan.pages, None, sm_scale, meta=(plan.pages, plan.allowed))
     batch, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_cache.shape
     group = heads // kv_heads

@@ -36,7 +36,7 @@ def gather_pages(cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
     """Copies of whole pages (``pages``: any shape of page ids), as ``[*pages.shape, page elements]``.
 
     Indexing the pool as a 2-D ``[num_pages, page elements]`` matrix makes ``index_select`` a plain row memcpy;
-    ``cache[pages]`` on the 4-D tensor runs the generic indexing kernel, about 5x slower on the CPU.
+    ``cache[pages]`` on the 4-D tensor runs the generic indexing kernel, 2-6x slower on the CPU.
     """
     rows = cache.view(cache.shape[0], -1)
     return torch.index_select(rows, 0, pages.reshape(-1)).view(*pages.shape, rows.shape[1])
@@ -73,14 +73,15 @@ def decode_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
+    seq_lens: torch.Tensor | None,
     sm_scale: float,
     sliding_window: int = 0,
     meta: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One query token per request (``q``: ``[B, heads, head_dim]``) over ragged paged histories.
 
-    ``seq_lens[r]`` counts request r's keys, the current token included. Returns ``[B, heads, head_dim]``.
+    ``seq_lens[r]`` counts request r's keys, the current token included (unused when ``meta`` is given).
+    Returns ``[B, heads, head_dim]``.
     K/V are gathered a whole page at a time (contiguous ``page_size * kv_heads * head_dim`` blocks, no
     per-token index math) and read by SDPA through a strided view, without a second copy; positions past a
     request's length (the rest of its last page, the padding of the page table) are masked out.

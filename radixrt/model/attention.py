@@ -41,24 +41,28 @@ class PagedAttention:
         self.ops.store_kv(k_cache, v_cache, batch.out_slots, k, v)
         if batch.is_decode:
             if self.ops is torch_ref:
-                # what the page table implies is the same for every layer: derive it once per forward
-                if sliding_window == 0:
-                    plan = batch.attn_cache.get("cascade")
-                    if plan is None:
-                        plan = torch_cascade.plan_decode(batch.page_table, batch.seq_lens, k_cache.shape[1])
-                        batch.attn_cache["cascade"] = plan
-                    if plan.groups:
-                        return torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, sm_scale)
-                meta = batch.attn_cache.get(("decode", sliding_window))
-                if meta is None:
-                    meta = torch_ref.decode_metadata(batch.page_table, batch.seq_lens, sliding_window, k_cache.shape[1])
-                    batch.attn_cache[("decode", sliding_window)] = meta
-                return torch_ref.decode_attention(
-                    q, k_cache, v_cache, batch.page_table, batch.seq_lens, sm_scale, sliding_window, meta=meta
-                )
+                return self._torch_decode(q, k_cache, v_cache, batch, sm_scale, sliding_window)
             return self.ops.decode_attention(
                 q, k_cache, v_cache, batch.page_table, batch.seq_lens, sm_scale, sliding_window
             )
         return self.ops.extend_attention(
             q, k_cache, v_cache, batch.page_table, batch.prefix_lens, batch.extend_lens, sm_scale, sliding_window
+        )
+
+    @staticmethod
+    def _torch_decode(q, k_cache, v_cache, batch: ForwardBatch, sm_scale: float, sliding_window: int) -> torch.Tensor:
+        # what the page table implies is the same for every layer: derive it once per forward
+        key = ("decode", sliding_window)
+        plan = batch.attn_cache.get(key)
+        page_size = k_cache.shape[1]
+        if sliding_window == 0:
+            if plan is None:
+                plan = batch.attn_cache[key] = torch_cascade.plan_decode(batch.page_table, batch.seq_lens, page_size)
+            return torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, sm_scale)
+        if plan is None:
+            plan = batch.attn_cache[key] = torch_ref.decode_metadata(
+                batch.page_table, batch.seq_lens, sliding_window, page_size
+            )
+        return torch_ref.decode_attention(
+            q, k_cache, v_cache, batch.page_table, batch.seq_lens, sm_scale, sliding_window, meta=plan
         )
