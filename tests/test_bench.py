@@ -139,3 +139,16 @@ def test_truncated_sharegpt_keeps_whole_records():
     raw = json.dumps([{"id": "a", "conversations": []}, {"id": "b", "conversations": []}], indent=2).encode()
     assert [d["id"] for d in w.decode_conversations(raw)] == ["a", "b"]
     assert [d["id"] for d in w.decode_conversations(raw[:-20])] == ["a"]
+
+
+@pytest.mark.model
+def test_cpu_step_bench_runs_every_section(capsys):
+    from radixrt.bench import cpu_step_bench
+    from radixrt.kernels import torch_cascade
+
+    groups = torch_cascade.MAX_GROUPS
+    cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--shared-len", "32", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "prefill 2 x 16 tokens" in out and "context 16" in out
+    assert "32 shared + 16 own tokens, cascade on" in out and "cascade off" in out
+    assert torch_cascade.MAX_GROUPS == groups

@@ -1,0 +1,87 @@
+"""Forward-pass timings of the default model on the CPU, straight through the ModelRunner (no scheduler).
+
+    python -m radixrt.bench.cpu_step_bench [--batch 64] [--prompt-len 200] [--shared-len 1008]
+
+Prints prefill tokens/s (prompts in 512-token chunks, as the scheduler cuts them), a batch decode step over
+distinct prompts, and a decode step of requests that share a cached prefix, with the cascade attention on
+and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off). Run it once with
+``RADIXRT_DISABLE_MALLOC_TUNING=1`` for the allocator's effect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+from radixrt.kernels import torch_cascade
+from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.model.runner import ModelRunner
+from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
+
+PAGE_SIZE = 16
+
+
+def _timed(fn, repeats: int) -> float:
+    fn()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - started) / repeats
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=200)
+    parser.add_argument("--shared-len", type=int, default=1008, help="a multiple of the page size (16)")
+    parser.add_argument("--repeats", type=int, default=4)
+    args = parser.parse_args(argv)
+    gen = torch.Generator().manual_seed(0)
+    batch, length = args.batch, args.prompt_len
+    own = -(-(length + args.repeats + 2) // PAGE_SIZE)
+    shared = args.shared_len // PAGE_SIZE
+    runner = ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE,
+                         num_pages=1 + shared + batch * own)
+    malloc = "off" if os.environ.get("RADIXRT_DISABLE_MALLOC_TUNING") == "1" else "on"
+    print(f"{args.dtype}, {torch.get_num_threads()} threads, malloc tuning {malloc}")
+
+    pages = [list(range(1 + shared + r * own, 1 + shared + (r + 1) * own)) for r in range(batch)]
+    prompts = [torch.randint(100, 40000, (length,), generator=gen).tolist() for _ in range(batch)]
+    started = time.perf_counter()
+    per_chunk = max(1, 512 // length)
+    for first in range(0, batch, per_chunk):
+        rows = range(first, min(first + per_chunk, batch))
+        runner.forward(ForwardBatch.build([SeqChunk(prompts[r], 0, pages[r]) for r in rows], PAGE_SIZE))
+    seconds = time.perf_counter() - started
+    print(f"prefill {batch} x {length} tokens: {seconds:.2f} s, {batch * length / seconds:.0f} tok/s")
+
+    def decode(prefix: list[int], context: int) -> None:
+        runner.forward(ForwardBatch.build([SeqChunk([5], context, prefix + pages[r]) for r in range(batch)], PAGE_SIZE))
+
+    step = _timed(lambda: decode([], length), args.repeats)
+    print(f"decode step, batch {batch}, context {length}: {step * 1000:.0f} ms, {batch / step:.0f} tok/s")
+
+    prefix = list(range(1, 1 + shared))
+    doc = torch.randint(100, 40000, (shared * PAGE_SIZE,), generator=gen).tolist()
+    runner.forward(ForwardBatch.build([SeqChunk(doc, 0, prefix)], PAGE_SIZE))
+    # each request's own tokens: its old prompt, now after the shared document
+    for first in range(0, batch, per_chunk):
+        rows = range(first, min(first + per_chunk, batch))
+        runner.forward(ForwardBatch.build([SeqChunk(prompts[r], len(doc), prefix + pages[r]) for r in rows], PAGE_SIZE))
+    context = len(doc) + length
+    groups = torch_cascade.MAX_GROUPS
+    for label, max_groups in (("cascade on", groups), ("cascade off", 0)):
+        torch_cascade.MAX_GROUPS = max_groups
+        step = _timed(lambda: decode(prefix, context), args.repeats)
+        print(f"decode step, batch {batch}, {len(doc)} shared + {length} own tokens, {label}: "
+              f"{step * 1000:.0f} ms, {batch / step:.0f} tok/s")
+    torch_cascade.MAX_GROUPS = groups
+
+
+if __name__ == "__main__":
+    main()
