@@ -125,17 +125,23 @@ def extend_attention(
         if extend == 0:
             continue
         seq_len = prefix + extend
-        k_pos = torch.arange(seq_len, device=q.device)
         pages = page_table[r, : -(-seq_len // page_size)].long()  # whole pages, then the first seq_len rows
         keys = gather_pages(k_cache, pages).view(-1, kv_heads, head_dim)[:seq_len].transpose(0, 1).to(q.dtype)
         values = gather_pages(v_cache, pages).view(-1, kv_heads, head_dim)[:seq_len].transpose(0, 1).to(q.dtype)
-        q_r = q[start : start + extend].view(extend, kv_heads, group, head_dim)
-        q_r = q_r.permute(1, 2, 0, 3).reshape(kv_heads, group * extend, head_dim)
-        q_pos = (prefix + torch.arange(extend, device=q.device)).repeat(group)
-        allowed = _window_mask(q_pos[:, None], k_pos[None, :], sliding_window)
-        o = F.scaled_dot_product_attention(q_r, keys, values, attn_mask=allowed[None], scale=sm_scale)
-        out[start : start + extend] = o.view(kv_heads, group, extend, head_dim).permute(2, 0, 1, 3).reshape(
-            extend, heads, head_dim
-        )
+        q_r = q[start : start + extend]
+        # 4-D inputs keep SDPA on its fused CPU kernel (3-D ones fall back to the unfused math path)
+        if prefix == 0 and sliding_window == 0:  # plain causal: the kernel skips the blocks above the diagonal
+            o = F.scaled_dot_product_attention(
+                q_r.transpose(0, 1)[None], keys[None], values[None], is_causal=True, scale=sm_scale, enable_gqa=True
+            )
+            out[start : start + extend] = o[0].transpose(0, 1)
+        else:  # the group's query heads of one kv head attend as one block: K/V are never repeated
+            q_r = q_r.view(extend, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, group * extend, head_dim)
+            q_pos = (prefix + torch.arange(extend, device=q.device)).repeat(group)
+            allowed = _window_mask(q_pos[:, None], torch.arange(seq_len, device=q.device)[None, :], sliding_window)
+            o = F.scaled_dot_product_attention(q_r[None], keys[None], values[None], attn_mask=allowed[None, None], scale=sm_scale)
+            out[start : start + extend] = o[0].view(kv_heads, group, extend, head_dim).permute(2, 0, 1, 3).reshape(
+                extend, heads, head_dim
+            )
         start += extend
     return out
