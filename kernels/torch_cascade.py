@@ -12,7 +12,7 @@ every layer. Sliding-window layers are not planned (their window would cut the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,14 @@ class DecodePlan:
     groups: list[SharedGroup]
     pages: torch.Tensor  # [B, P'] int64: each request's pages after its group's shared ones
     allowed: torch.Tensor  # [B, 1, 1, P' * page_size] bool: which of those slots hold its keys
+    _biases: dict = field(default_factory=dict, repr=False)
+
+    def bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """``allowed`` as an additive mask (0 / -inf) of ``dtype``, made once per forward."""
+        if dtype not in self._biases:
+            zeros = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device)
+            self._biases[dtype] = zeros.masked_fill_(~self.allowed, float("-inf"))
+        return self._biases[dtype]
 
 
 def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, min_shared_pages: int = 1) -> DecodePlan:
@@ -71,11 +79,25 @@ def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
-            allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention returning (output, log-sum-exp of the scores in fp32)."""
+            bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of 4-D ``q``/``keys``/``values`` returning (output, log-sum-exp of the scores in fp32).
+
+    ``bias`` is an additive mask broadcast over the scores. On the CPU this is the fused flash kernel that
+    ``scaled_dot_product_attention`` uses, called directly because only it returns the log-sum-exp.
+    """
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, keys, values, 0.0, False, attn_mask=bias, scale=scale
+        )
+        return out, lse.float()
+    return _attend_unfused(q, keys, values, scale, bias)
+
+
+def _attend_unfused(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
+                    bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
+    if bias is not None:
+        scores = scores + bias
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).to(values.dtype)
     return torch.matmul(probs, values), lse
@@ -97,14 +119,14 @@ def cascade_decode_attention(
     own_len = plan.pages.shape[1] * page_size
     keys = gather_pages(k_cache, plan.pages).view(batch, own_len, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
     values = gather_pages(v_cache, plan.pages).view(batch, own_len, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-    out, lse = _attend(q4, keys, values, sm_scale, plan.allowed)  # [B, KH, G, D], [B, KH, G]
+    out, lse = _attend(q4, keys, values, sm_scale, plan.bias(q.dtype))  # [B, KH, G, D], [B, KH, G]
     out = out.float()
     for shared in plan.groups:
         n, length = len(shared.rows), len(shared.pages) * page_size
         k_s = gather_pages(k_cache, shared.pages).view(length, kv_heads, head_dim).transpose(0, 1).to(q.dtype)
         v_s = gather_pages(v_cache, shared.pages).view(length, kv_heads, head_dim).transpose(0, 1).to(q.dtype)
         q_s = q4[shared.rows].transpose(0, 1).reshape(kv_heads, n * group, head_dim)
-        o_s, lse_s = _attend(q_s, k_s, v_s, sm_scale)  # [KH, n*G, D], [KH, n*G]
+        o_s, lse_s = _attend(q_s[None], k_s[None], v_s[None], sm_scale)  # [1, KH, n*G, D], [1, KH, n*G]
         o_s = o_s.float().view(kv_heads, n, group, head_dim).transpose(0, 1)
         lse_s = lse_s.view(kv_heads, n, group).transpose(0, 1)
         lse_own = lse[shared.rows]

@@ -95,3 +95,19 @@ def test_shared_run_stops_at_the_first_difference():
     table = torch.tensor([[1, 2, 3, 4, 9], [1, 5, 3, 4, 10]], dtype=torch.int32)
     plan = torch_cascade.plan_decode(table, torch.tensor([9, 9]), 2)
     assert [g.pages.tolist() for g in plan.groups] == [[1]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_cpu_attend_matches_unfused(dtype):
+    """The CPU path calls the flash kernel for its log-sum-exp; other devices compute it by hand."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(3, 2, n, 8, generator=gen).to(dtype) for n in (5, 11, 11))
+    allowed = torch.rand(3, 1, 1, 11, generator=gen) > 0.3
+    allowed[..., 0] = True
+    bias = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    out, lse = torch_cascade._attend(q, k, v, SCALE, bias)
+    ref_out, ref_lse = torch_cascade._attend_unfused(q.float(), k.float(), v.float(), SCALE, bias.float())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert lse.dtype == torch.float32
+    torch.testing.assert_close(lse, ref_lse, atol=tol, rtol=tol)
+    torch.testing.assert_close(out.float(), ref_out, atol=tol, rtol=tol)
