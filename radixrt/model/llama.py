@@ -11,7 +11,15 @@ from torch import nn
 from radixrt.model.attention import PagedAttention
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.layers import RMSNorm, RotaryEmbedding
-from radixrt.model.parallel import SINGLE, ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding
+from radixrt.model.cpu_linear import pack_weight, packed_linear
+from radixrt.model.parallel import (
+    SINGLE,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    PackableLinear,
+)
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -122,6 +130,17 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.tp = tp
+        self.packed_head: torch.Tensor | None = None
+
+    def pack_linear_weights(self) -> int:
+        """Prepack every projection and the LM head for the CPU (cpu_linear); returns how many were packed.
+
+        The LM head gets its own packed copy: the embedding table it may share stays for token lookups.
+        """
+        packed = sum(m.pack() for m in self.modules() if isinstance(m, PackableLinear))
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        self.packed_head = pack_weight(head.weight)
+        return packed + (self.packed_head is not None)
 
     def forward(self, batch: ForwardBatch, attn: PagedAttention) -> torch.Tensor:
         """Logits (fp32) at ``batch.logits_indices``."""
@@ -129,8 +148,11 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(batch.positions, x, batch, attn)
         x = self.norm(x[batch.logits_indices])
-        head = self.embed_tokens if self.lm_head is None else self.lm_head
-        logits = F.linear(x, head.weight)
+        if self.packed_head is not None:
+            logits = packed_linear(x, self.packed_head)
+        else:
+            head = self.embed_tokens if self.lm_head is None else self.lm_head
+            logits = F.linear(x, head.weight)
         if self.tp.size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp.size)]
             torch.distributed.all_gather(parts, logits)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixrt.model.cpu_linear import pack_weight, packed_linear
+
 
 @dataclass(frozen=True)
 class TPGroup:
@@ -37,7 +39,27 @@ def _param(shape: tuple[int, ...]) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape), requires_grad=False)
 
 
-class ColumnParallelLinear(nn.Module):
+class PackableLinear(nn.Module):
+    """A linear map whose weight can be swapped, after loading, for a CPU-prepacked copy (cpu_linear)."""
+
+    weight: nn.Parameter | None
+    packed: torch.Tensor | None = None
+
+    def pack(self) -> bool:
+        """Prepack the weight for the CPU and free the plain copy; False where this CPU/dtype has no kernel."""
+        packed = pack_weight(self.weight)
+        if packed is None:
+            return False
+        self.packed, self.weight = packed, None
+        return True
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.packed is not None:
+            return packed_linear(x, self.packed, bias)
+        return F.linear(x, self.weight, bias)
+
+
+class ColumnParallelLinear(PackableLinear):
     """``y = x W^T (+ b)`` with W split along its output rows; the output stays sharded.
 
     ``output_sizes`` lists the logical sub-matrices stacked in W (q/k/v, gate/up); each is sharded on
@@ -59,10 +81,10 @@ class ColumnParallelLinear(nn.Module):
         param.data[offset : offset + size].copy_(self.tp.shard(loaded, 0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self._matmul(x, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(PackableLinear):
     """``y = x W^T`` with W split along its input columns; partial sums are all-reduced."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPGroup = SINGLE) -> None:
@@ -79,7 +101,7 @@ class RowParallelLinear(nn.Module):
             self.bias.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+        out = self.tp.all_reduce(self._matmul(x))
         return out if self.bias is None else out + self.bias
 
 

@@ -83,6 +83,7 @@ class ModelRunner:
         self.model.load_weights(iterate_safetensors(self.model_path))
         self.model.to(self.dtype)
         self.model.eval()
+        self.packed_linears = self.model.pack_linear_weights() if self.device.type == "cpu" else 0
         layout = KVLayout(
             num_layers=self.config.num_hidden_layers,
             kv_heads=self.config.num_key_value_heads,
