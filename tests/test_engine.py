@@ -199,3 +199,18 @@ def test_model_info_has_chat_roles(engine):
     roles = info["chat_template"]["role_prefix_and_suffix"]
     assert roles["user"] == ["<|im_start|>user\n", "<|im_end|>\n"]
     assert info["chat_template"]["default_system_prompt"].startswith("You are a helpful AI assistant")
+
+
+def test_prefix_in_chunked_prefill_is_computed_once(default_model_path):
+    """A request sharing a prefix with one still in chunked prefill waits for it instead of recomputing it."""
+    prefix = [1000 + i for i in range(200)]
+    prompts = [prefix + [5, 6, 7], prefix + [8, 9]]
+    params = {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}
+    with radixrt.Engine(dtype="float32", log_interval=0, debug_checks=True, kv_memory_gb=0.1,
+                        chunked_prefill_size=64) as eng:
+        out = eng.generate(input_ids=prompts, sampling_params=params)
+        # the first request caches its prefix 64 tokens at a time; the second must not start on the rest
+        first, second = sorted(o["meta_info"]["cached_tokens"] for o in out)
+        assert first == 0 and second >= len(prefix) - 16  # whole pages of the prefix (page size 16)
+        alone = eng.generate(input_ids=prompts[1], sampling_params=params)
+        assert alone["output_ids"] == out[1]["output_ids"]

@@ -37,8 +37,8 @@ INIT_NEW_TOKEN_RATIO = 0.5
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.002
 RETRACT_RATIO_STEP = 0.2
-# A waiting request whose uncached prefix overlaps a request admitted this step by this many tokens waits a
-# step, then reads that prefix from the cache instead of computing it twice.
+# A waiting request whose uncached prefix overlaps, by this many tokens, a request admitted this step or one
+# still in chunked prefill waits, then reads that prefix from the cache instead of computing it twice.
 DEDUP_MIN_TOKENS = 32
 # Jump-forward (constrained decoding) may re-tokenise a request's latest output tokens. Only tokens not yet
 # sent are ever dropped, so a constrained request's last JUMP_FORWARD_HOLD tokens are held back from
@@ -257,10 +257,13 @@ class Scheduler:
             self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
 
     def _shares_uncached_prefix(self, req: Req, admitted: list[Req], cached: int) -> bool:
-        if self.cache.disabled or not admitted:
+        if self.cache.disabled:
             return False
+        just_admitted = {id(r) for r in admitted}
         fill = req.fill_ids
-        for other in admitted:
+        for other in self.running:  # the admitted ones included
+            if other.num_to_compute <= 1 and id(other) not in just_admitted:
+                continue
             common = len(os.path.commonprefix([fill, other.fill_ids]))
             if common - cached >= max(DEDUP_MIN_TOKENS, self.page_size):
                 return True
