@@ -27,6 +27,8 @@ def run_ours(runner: ModelRunner, prompts: list[list[int]], mode: str) -> list[t
         splits = [[len(p)] for p in prompts]
     elif mode == "prefix_then_rest":
         splits = [[len(p) // 2, len(p) - len(p) // 2] if len(p) > 1 else [1] for p in prompts]
+    elif mode == "mixed":  # one request extends while the others advance a token a step, in the same batches
+        splits = [[5, len(p) - 5] if r == 0 else [1] * len(p) for r, p in enumerate(prompts)]
     else:  # one token at a time: prompts of different lengths drop out of the batch as they end
         splits = [[1] * len(p) for p in prompts]
     done = [0] * len(prompts)
@@ -47,7 +49,7 @@ def run_ours(runner: ModelRunner, prompts: list[list[int]], mode: str) -> list[t
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("mode", ["one_extend", "prefix_then_rest", "decode_steps"])
+@pytest.mark.parametrize("mode", ["one_extend", "prefix_then_rest", "decode_steps", "mixed"])
 def test_logits_equal_transformers_fp32(family_model, page_size, mode):
     folder, expected = family_model
     runner = ModelRunner(folder, dtype="float32", page_size=page_size, num_pages=64)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from radixrt.kernels import torch_cascade, torch_ref
@@ -39,9 +41,9 @@ class PagedAttention:
     ) -> torch.Tensor:
         k_cache, v_cache = self.pool.k_caches[layer], self.pool.v_caches[layer]
         self.ops.store_kv(k_cache, v_cache, batch.out_slots, k, v)
+        if self.ops is torch_ref:
+            return self._torch_attention(q, k_cache, v_cache, batch, sm_scale, sliding_window)
         if batch.is_decode:
-            if self.ops is torch_ref:
-                return self._torch_decode(q, k_cache, v_cache, batch, sm_scale, sliding_window)
             return self.ops.decode_attention(
                 q, k_cache, v_cache, batch.page_table, batch.seq_lens, sm_scale, sliding_window
             )
@@ -50,19 +52,68 @@ class PagedAttention:
         )
 
     @staticmethod
-    def _torch_decode(q, k_cache, v_cache, batch: ForwardBatch, sm_scale: float, sliding_window: int) -> torch.Tensor:
-        # what the page table implies is the same for every layer: derive it once per forward
-        key = ("decode", sliding_window)
-        plan = batch.attn_cache.get(key)
-        page_size = k_cache.shape[1]
-        if sliding_window == 0:
-            if plan is None:
-                plan = batch.attn_cache[key] = torch_cascade.plan_decode(batch.page_table, batch.seq_lens, page_size)
-            return torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, sm_scale)
-        if plan is None:
-            plan = batch.attn_cache[key] = torch_ref.decode_metadata(
-                batch.page_table, batch.seq_lens, sliding_window, page_size
-            )
-        return torch_ref.decode_attention(
-            q, k_cache, v_cache, batch.page_table, batch.seq_lens, sm_scale, sliding_window, meta=plan
+    def _torch_attention(q, k_cache, v_cache, batch: ForwardBatch, sm_scale: float, sliding_window: int) -> torch.Tensor:
+        """The CPU path. Requests of a mixed batch that decode one token take the batched decode path (and its
+        cascade); attending one query per request through the extend loop costs a whole gather and call each."""
+        if batch.is_decode:
+            return _torch_decode(q, k_cache, v_cache, batch.page_table, batch.seq_lens, batch.attn_cache,
+                                 ("decode", sliding_window), sm_scale, sliding_window)
+        split = batch.attn_cache.get("mixed")
+        if split is None:
+            split = batch.attn_cache["mixed"] = MixedSplit.of(batch)
+        if split.decode_reqs.numel() < MIN_DECODE_ROWS_TO_SPLIT:
+            return torch_ref.extend_attention(q, k_cache, v_cache, batch.page_table, batch.prefix_lens,
+                                              batch.extend_lens, sm_scale, sliding_window)
+        out = torch.empty_like(q)
+        out[split.decode_tokens] = _torch_decode(
+            q[split.decode_tokens], k_cache, v_cache, batch.page_table[split.decode_reqs],
+            batch.seq_lens[split.decode_reqs], batch.attn_cache, ("mixed-decode", sliding_window), sm_scale,
+            sliding_window,
         )
+        out[split.extend_tokens] = torch_ref.extend_attention(
+            q[split.extend_tokens], k_cache, v_cache, batch.page_table[split.extend_reqs],
+            batch.prefix_lens[split.extend_reqs], batch.extend_lens[split.extend_reqs], sm_scale, sliding_window,
+        )
+        return out
+
+
+MIN_DECODE_ROWS_TO_SPLIT = 2
+
+
+@dataclass
+class MixedSplit:
+    """A mixed batch's one-token requests (``decode_*``) and the rest (``extend_*``): request and token rows."""
+
+    decode_reqs: torch.Tensor
+    decode_tokens: torch.Tensor
+    extend_reqs: torch.Tensor
+    extend_tokens: torch.Tensor
+
+    @classmethod
+    def of(cls, batch: ForwardBatch) -> "MixedSplit":
+        lens = batch.extend_lens.long().cpu()
+        starts = torch.cumsum(lens, 0) - lens
+        one = lens == 1
+        decode_reqs, extend_reqs = torch.nonzero(one).flatten(), torch.nonzero(~one).flatten()
+        token_is_decode = torch.repeat_interleave(one, lens)
+        device = batch.extend_lens.device
+        return cls(
+            decode_reqs=decode_reqs.to(device),
+            decode_tokens=starts[decode_reqs].to(device),
+            extend_reqs=extend_reqs.to(device),
+            extend_tokens=torch.nonzero(~token_is_decode).flatten().to(device),
+        )
+
+
+def _torch_decode(q, k_cache, v_cache, page_table, seq_lens, cache: dict, key, sm_scale: float,
+                  sliding_window: int) -> torch.Tensor:
+    # what the page table implies is the same for every layer: derive it once per forward
+    plan = cache.get(key)
+    page_size = k_cache.shape[1]
+    if sliding_window == 0:
+        if plan is None:
+            plan = cache[key] = torch_cascade.plan_decode(page_table, seq_lens, page_size)
+        return torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, sm_scale)
+    if plan is None:
+        plan = cache[key] = torch_ref.decode_metadata(page_table, seq_lens, sliding_window, page_size)
+    return torch_ref.decode_attention(q, k_cache, v_cache, page_table, seq_lens, sm_scale, sliding_window, meta=plan)
