@@ -50,6 +50,20 @@ def _window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int) 
     return allowed
 
 
+def _extend_bias(prefix: int, extend: int, group: int, sliding_window: int, dtype: torch.dtype,
+                 device: torch.device, cache: dict | None) -> torch.Tensor:
+    """The additive mask (0 / -inf, ``[1, 1, group * extend, prefix + extend]``) of one request's extend."""
+    key = ("extend-bias", prefix, extend, group, sliding_window, dtype)
+    if cache is not None and key in cache:
+        return cache[key]
+    q_pos = (prefix + torch.arange(extend, device=device)).repeat(group)
+    allowed = _window_mask(q_pos[:, None], torch.arange(prefix + extend, device=device)[None, :], sliding_window)
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))[None, None]
+    if cache is not None:
+        cache[key] = bias
+    return bias
+
+
 def decode_metadata(
     page_table: torch.Tensor, seq_lens: torch.Tensor, sliding_window: int = 0, page_size: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,11 +124,14 @@ def extend_attention(
     extend_lens: torch.Tensor,
     sm_scale: float,
     sliding_window: int = 0,
+    mask_cache: dict | None = None,
 ) -> torch.Tensor:
     """A chunk of new tokens per request attending to its cached prefix and causally to itself.
 
     ``q`` is ``[sum(extend_lens), heads, head_dim]``, requests back to back. Request r's new tokens sit at
     positions ``prefix_lens[r] ..  prefix_lens[r] + extend_lens[r] - 1`` and are already stored in the cache.
+    ``mask_cache`` (a dict that lives for one forward) keeps the masks, which depend only on the lengths,
+    from being rebuilt for every layer.
     """
     _, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_cache.shape
@@ -137,9 +154,8 @@ def extend_attention(
             out[start : start + extend] = o[0].transpose(0, 1)
         else:  # the group's query heads of one kv head attend as one block: K/V are never repeated
             q_r = q_r.view(extend, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, group * extend, head_dim)
-            q_pos = (prefix + torch.arange(extend, device=q.device)).repeat(group)
-            allowed = _window_mask(q_pos[:, None], torch.arange(seq_len, device=q.device)[None, :], sliding_window)
-            o = F.scaled_dot_product_attention(q_r[None], keys[None], values[None], attn_mask=allowed[None, None], scale=sm_scale)
+            bias = _extend_bias(prefix, extend, group, sliding_window, q.dtype, q.device, mask_cache)
+            o = F.scaled_dot_product_attention(q_r[None], keys[None], values[None], attn_mask=bias, scale=sm_scale)
             out[start : start + extend] = o[0].view(kv_heads, group, extend, head_dim).permute(2, 0, 1, 3).reshape(
                 extend, heads, head_dim
             )
