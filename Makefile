@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast model venv clean
+.PHONY: demo test test-fast model kernels venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,13 +17,17 @@ venv: $(STAMP)
 model: $(STAMP)
 	$(PY) -m radixrt.cli fetch-model
 
+# the C++ CPU kernels, compiled once (about 40 s) and cached; without a compiler the torch path runs
+kernels: $(STAMP)
+	$(PY) -m radixrt.kernels.cpu_kernels
+
 demo: model
 	$(PY) examples/quickstart.py
 
-test: model
+test: model kernels
 	$(PY) -m pytest -q
 
-test-fast: model
+test-fast: model kernels
 	$(PY) -m pytest -q -m "not slow"
 
 clean:

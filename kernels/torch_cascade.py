@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixrt.kernels import cpu_kernels
 from radixrt.kernels.torch_ref import decode_attention, decode_metadata, gather_pages
 
 MAX_GROUPS = 8  # past this, per-group overhead outweighs the copies saved
@@ -34,6 +35,8 @@ class DecodePlan:
     groups: list[SharedGroup]
     pages: torch.Tensor  # [B, P'] int64: each request's pages after its group's shared ones
     allowed: torch.Tensor  # [B, 1, 1, P' * page_size] bool: which of those slots hold its keys
+    own_lens: torch.Tensor  # [B] int32: how many keys each request has in ``pages``
+    own_table: torch.Tensor  # ``pages`` as int32, for the C++ kernel
     _biases: dict = field(default_factory=dict, repr=False)
 
     def bias(self, dtype: torch.dtype) -> torch.Tensor:
@@ -74,8 +77,10 @@ def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
     own_pages = num_pages - shift
     columns = shift[:, None] + torch.arange(int(own_pages.max()))[None, :]
     pages = torch.gather(table, 1, columns.clamp(max=table.shape[1] - 1))
-    _, allowed = decode_metadata(pages, lens - shift * page_size, 0, page_size)
-    return DecodePlan(groups=groups, pages=pages, allowed=allowed)
+    own_lens = lens - shift * page_size
+    _, allowed = decode_metadata(pages, own_lens, 0, page_size)
+    return DecodePlan(groups=groups, pages=pages, allowed=allowed, own_lens=own_lens.int(),
+                      own_table=pages.int())
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
@@ -108,18 +113,26 @@ def cascade_decode_attention(
 ) -> torch.Tensor:
     """Same result as :func:`torch_ref.decode_attention` (no sliding window) for ``q`` ``[B, heads, D]``.
 
-    Without shared groups the plan is plain paged decode's metadata, and that path runs unchanged.
+    Each request's own pages are read in place by the C++ kernel where it is built (cpu_kernels), else
+    gathered and read by SDPA. Without shared groups that is all there is to do.
     """
-    if not plan.groups:
-        return decode_attention(q, k_cache, v_cache, plan.pages, None, sm_scale, meta=(plan.pages, plan.allowed))
     batch, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_cache.shape
     group = heads // kv_heads
+    in_place = q.device.type == "cpu" and q.dtype == k_cache.dtype and cpu_kernels.load() is not None
+    if in_place:
+        out, lse = cpu_kernels.paged_decode(q, k_cache, v_cache, plan.own_table, plan.own_lens, sm_scale)
+        if not plan.groups:
+            return out
+        out, lse = out.view(batch, kv_heads, group, head_dim), lse.view(batch, kv_heads, group)
+    elif not plan.groups:
+        return decode_attention(q, k_cache, v_cache, plan.pages, None, sm_scale, meta=(plan.pages, plan.allowed))
+    else:
+        own_len = plan.pages.shape[1] * page_size
+        keys = gather_pages(k_cache, plan.pages).view(batch, own_len, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+        values = gather_pages(v_cache, plan.pages).view(batch, own_len, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+        out, lse = _attend(q.view(batch, kv_heads, group, head_dim), keys, values, sm_scale, plan.bias(q.dtype))
     q4 = q.view(batch, kv_heads, group, head_dim)
-    own_len = plan.pages.shape[1] * page_size
-    keys = gather_pages(k_cache, plan.pages).view(batch, own_len, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-    values = gather_pages(v_cache, plan.pages).view(batch, own_len, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-    out, lse = _attend(q4, keys, values, sm_scale, plan.bias(q.dtype))  # [B, KH, G, D], [B, KH, G]
     out = out.float()
     for shared in plan.groups:
         n, length = len(shared.rows), len(shared.pages) * page_size

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixrt.kernels import torch_cascade, torch_ref
+from radixrt.kernels import cpu_kernels, torch_cascade, torch_ref
 from radixrt.memory.page_pool import PagePool
 from radixrt.model.forward_batch import ForwardBatch
 
@@ -63,7 +63,7 @@ class PagedAttention:
             split = batch.attn_cache["mixed"] = MixedSplit.of(batch)
         if split.decode_reqs.numel() < MIN_DECODE_ROWS_TO_SPLIT:
             return torch_ref.extend_attention(q, k_cache, v_cache, batch.page_table, batch.prefix_lens,
-                                              batch.extend_lens, sm_scale, sliding_window)
+                                              batch.extend_lens, sm_scale, sliding_window, batch.attn_cache)
         out = torch.empty_like(q)
         out[split.decode_tokens] = _torch_decode(
             q[split.decode_tokens], k_cache, v_cache, batch.page_table[split.decode_reqs],
@@ -73,6 +73,7 @@ class PagedAttention:
         out[split.extend_tokens] = torch_ref.extend_attention(
             q[split.extend_tokens], k_cache, v_cache, batch.page_table[split.extend_reqs],
             batch.prefix_lens[split.extend_reqs], batch.extend_lens[split.extend_reqs], sm_scale, sliding_window,
+            batch.attn_cache,
         )
         return out
 
@@ -114,6 +115,8 @@ def _torch_decode(q, k_cache, v_cache, page_table, seq_lens, cache: dict, key, s
         if plan is None:
             plan = cache[key] = torch_cascade.plan_decode(page_table, seq_lens, page_size)
         return torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, sm_scale)
+    if q.device.type == "cpu" and q.dtype == k_cache.dtype and cpu_kernels.load() is not None:
+        return cpu_kernels.paged_decode(q, k_cache, v_cache, page_table, seq_lens, sm_scale, sliding_window)[0]
     if plan is None:
         plan = cache[key] = torch_ref.decode_metadata(page_table, seq_lens, sliding_window, page_size)
     return torch_ref.decode_attention(q, k_cache, v_cache, page_table, seq_lens, sm_scale, sliding_window, meta=plan)

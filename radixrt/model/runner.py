@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from radixrt.kernels import cpu_kernels
 from radixrt.memory.page_pool import KVLayout, PagePool
 from radixrt.model.cpu_malloc import keep_freed_memory
 from radixrt.model.attention import PagedAttention
@@ -76,6 +77,7 @@ class ModelRunner:
         self.device = torch.device(device)
         if self.device.type == "cpu":
             keep_freed_memory()
+            cpu_kernels.load()  # compiled on the first run ever (about 40 s), then loaded from the cache
         self.context_length = int(context_length or self.config.max_position_embeddings)
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(self.device):

@@ -1,0 +1,83 @@
+"""C++ CPU kernels (kernels/csrc), compiled on first use with torch's JIT extension builder and cached.
+
+``paged_decode`` reads each request's K/V pages where they lie in the pool: the torch path must first copy
+every request's whole history (``gather_pages``) and then read the copy again, which at long contexts costs
+more than the attention itself. Build once: ``python -m radixrt.kernels.cpu_kernels`` (about 40 s with
+gcc; later loads take well under a second). Where no compiler is found the runtime keeps the torch path
+(a warning says why); ``RADIXRT_DISABLE_CPU_KERNELS=1`` keeps it deliberately.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+SOURCES = [Path(__file__).parent / "csrc" / "paged_decode.cpp"]
+
+
+def enabled() -> bool:
+    return os.environ.get("RADIXRT_DISABLE_CPU_KERNELS") != "1"
+
+
+def _build_name() -> str:
+    """Sources, torch version and CPU flags in the name: ``-march=native`` code must not move between CPUs."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    digest.update(flags.encode())
+    return f"radixrt_cpu_{digest.hexdigest()[:12]}"
+
+
+@lru_cache(maxsize=1)
+def load() -> ModuleType | None:
+    """The compiled kernels, or None where they are disabled or cannot be built here."""
+    if not enabled():
+        return None
+    try:
+        from torch.utils.cpp_extension import load as load_extension
+
+        return load_extension(
+            name=_build_name(),
+            sources=[str(s) for s in SOURCES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+        )
+    except Exception as exc:  # no compiler, no ninja, a failed build: the torch path still works
+        logger.warning("CPU attention kernels unavailable, using the torch path: %s", str(exc).splitlines()[0])
+        return None
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    sliding_window: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode attention of ``q`` ``[B, heads, D]`` over paged K/V read in place: (out, log-sum-exp fp32).
+
+    ``page_table`` ``[B, W]`` and ``seq_lens`` ``[B]`` (each >= 1) are int32; q and the caches share a dtype.
+    """
+    module = load()
+    if module is None:
+        raise RuntimeError("the CPU kernels are not available here (see cpu_kernels.load)")
+    out, lse = module.paged_decode(q, k_cache, v_cache, page_table, seq_lens, float(sm_scale), int(sliding_window))
+    return out, lse
+
+
+if __name__ == "__main__":
+    print("built" if load() is not None else "not available (see the warning above)")

@@ -1,0 +1,107 @@
+"""The C++ paged decode kernel must match the torch reference, and the runtime must work without it."""
+
+import pytest
+import torch
+
+from radixrt.kernels import cpu_kernels, torch_cascade, torch_ref
+
+pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C++ toolchain to build the CPU kernels")
+
+
+def paged_case(batch, max_len, page_size, heads, kv_heads, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    width = -(-max_len // page_size)
+    num_pages = batch * width + 1
+    k_cache = torch.randn(num_pages, page_size, kv_heads, 16, generator=gen).to(dtype)
+    v_cache = torch.randn(num_pages, page_size, kv_heads, 16, generator=gen).to(dtype)
+    table = (torch.randperm(num_pages - 1, generator=gen)[: batch * width] + 1).view(batch, width).int()
+    lens = torch.randint(1, max_len + 1, (batch,), generator=gen).int()
+    lens[0] = max_len
+    q = torch.randn(batch, heads, 16, generator=gen).to(dtype)
+    return q, k_cache, v_cache, table, lens
+
+
+def reference_lse(q, k_cache, v_cache, table, lens, scale, window):
+    """log-sum-exp of each query's scores, from the gathered keys."""
+    page_size = k_cache.shape[1]
+    out = []
+    for b in range(q.shape[0]):
+        n = int(lens[b])
+        keys = torch_ref.gather_pages(k_cache, table[b].long()).view(-1, k_cache.shape[2], k_cache.shape[3])[:n]
+        first = max(0, n - window) if window else 0
+        keys = keys[first:].float().repeat_interleave(q.shape[1] // k_cache.shape[2], dim=1)  # [n, H, D]
+        out.append(torch.logsumexp(torch.einsum("hd,nhd->hn", q[b].float(), keys) * scale, dim=-1))
+    assert page_size > 0
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 4), (3, 1)])
+@pytest.mark.parametrize("window", [0, 5])
+def test_matches_torch_reference_fp32(page_size, heads, kv_heads, window):
+    q, k, v, table, lens = paged_case(7, 45, page_size, heads, kv_heads, torch.float32, seed=page_size + heads)
+    out, lse = cpu_kernels.paged_decode(q, k, v, table, lens, 0.25, window)
+    ref = torch_ref.decode_attention(q, k, v, table, lens, 0.25, window)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, reference_lse(q, k, v, table, lens, 0.25, window), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_caches(dtype):
+    q, k, v, table, lens = paged_case(5, 40, 16, 6, 2, dtype, seed=3)
+    out, _ = cpu_kernels.paged_decode(q, k, v, table, lens, 0.25)
+    ref = torch_ref.decode_attention(q.float(), k.float(), v.float(), table, lens, 0.25)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_bad_inputs_raise_instead_of_reading_out_of_bounds():
+    q, k, v, table, lens = paged_case(3, 20, 4, 6, 2, torch.float32)
+    with pytest.raises(RuntimeError, match="seq_lens"):
+        cpu_kernels.paged_decode(q, k, v, table, lens + 100, 0.25)
+    bad = table.clone()
+    bad[1, 0] = k.shape[0]
+    with pytest.raises(RuntimeError, match="page ids"):
+        cpu_kernels.paged_decode(q, k, v, bad, lens, 0.25)
+    with pytest.raises(RuntimeError, match="dtype"):
+        cpu_kernels.paged_decode(q.double(), k, v, table, lens, 0.25)
+    with pytest.raises(RuntimeError, match="int32"):
+        cpu_kernels.paged_decode(q, k, v, table.long(), lens, 0.25)
+
+
+def test_cascade_same_with_and_without_the_kernel(monkeypatch):
+    """The cascade merges the kernel's log-sum-exp with the shared part's; the torch path must agree."""
+    page_size, heads, kv_heads = 4, 6, 2
+    gen = torch.Generator().manual_seed(5)
+    shared = list(range(1, 6))
+    rows = [shared + [10 + 3 * r, 11 + 3 * r, 12 + 3 * r] for r in range(4)]
+    table = torch.tensor(rows, dtype=torch.int32)
+    lens = torch.tensor([5 * page_size + n for n in (1, 4, 9, 12)], dtype=torch.int32)
+    k = torch.randn(30, page_size, kv_heads, 16, generator=gen)
+    v = torch.randn(30, page_size, kv_heads, 16, generator=gen)
+    q = torch.randn(4, heads, 16, generator=gen)
+    plan = torch_cascade.plan_decode(table, lens, page_size)
+    assert plan.groups
+    with_kernel = torch_cascade.cascade_decode_attention(q, k, v, plan, 0.25)
+    monkeypatch.setattr(cpu_kernels, "load", lambda: None)
+    without = torch_cascade.cascade_decode_attention(q, k, v, plan, 0.25)
+    torch.testing.assert_close(with_kernel, without, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(with_kernel, torch_ref.decode_attention(q, k, v, table, lens, 0.25), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])  # mistral: sliding window 5
+def test_model_decode_same_with_and_without_the_kernel(tmp_path, monkeypatch, family):
+    from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+    from radixrt.model.runner import ModelRunner
+    from tests.tiny_models import save_tiny_model
+
+    save_tiny_model(family, tmp_path)
+    runner = ModelRunner(tmp_path, num_pages=32, page_size=4)
+    prompts = [[3, 8, 1, 9, 4, 4, 7, 2, 11], [5, 6], [1, 2, 3, 4, 5, 6, 7]]
+    pages = [[1, 2, 3], [4], [5, 6]]
+    runner.forward(ForwardBatch.build([SeqChunk(p, 0, pg) for p, pg in zip(prompts, pages)], 4))
+    step = ForwardBatch.build([SeqChunk([9], len(p), pg) for p, pg in zip(prompts, pages)], 4)
+    with_kernel = runner.forward(step)
+    monkeypatch.setattr(cpu_kernels, "load", lambda: None)
+    step = ForwardBatch.build([SeqChunk([9], len(p), pg) for p, pg in zip(prompts, pages)], 4)
+    torch.testing.assert_close(with_kernel, runner.forward(step), atol=1e-5, rtol=1e-5)
