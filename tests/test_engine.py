@@ -214,3 +214,24 @@ def test_prefix_in_chunked_prefill_is_computed_once(default_model_path):
         assert first == 0 and second >= len(prefix) - 16  # whole pages of the prefix (page size 16)
         alone = eng.generate(input_ids=prompts[1], sampling_params=params)
         assert alone["output_ids"] == out[1]["output_ids"]
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_decodes_wait_for_prefill_unless_mixed_chunk(default_model_path, mixed):
+    """Prefill first by default (SGLang's order); --enable-mixed-chunk puts decodes in the prefill steps."""
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    prompts = [[1000 + i for i in range(40)]] + [[2000 + 100 * r + i for i in range(60)] for r in range(3)]
+    with radixrt.Engine(dtype="float32", log_interval=0, kv_memory_gb=0.1, chunked_prefill_size=48,
+                        enable_mixed_chunk=mixed) as eng:
+        steps = []
+        forward = eng.runner.forward
+
+        def recording(batch):
+            steps.append(batch.extend_lens.tolist())
+            return forward(batch)
+
+        eng.runner.forward = recording
+        out = eng.generate(input_ids=prompts, sampling_params=params)
+        assert [len(o["output_ids"]) for o in out] == [6] * 4
+        both = [lens for lens in steps if 1 in lens and max(lens) > 1]
+        assert bool(both) == mixed, steps

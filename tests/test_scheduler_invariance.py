@@ -54,6 +54,7 @@ CONFIGS = {
     "cache-off": dict(disable_radix_cache=True),
     "dfs-weight-page-size-1": dict(schedule_policy="dfs-weight", page_size=1),
     "fcfs-chunk-16": dict(schedule_policy="fcfs", chunked_prefill_size=16),
+    "mixed-chunk-32": dict(chunked_prefill_size=32, enable_mixed_chunk=True),
     "no-partial-reuse-p4": dict(page_size=4, disable_partial_page_reuse=True),
 }
 

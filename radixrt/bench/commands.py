@@ -46,6 +46,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunked-prefill-size", type=int, default=512)
     p.add_argument("--kv-memory-gb", type=float, default=1.0)
     p.add_argument("--schedule-policy", default="lpm")
+    p.add_argument("--enable-mixed-chunk", action="store_true", help="decodes ride along with prefill chunks")
 
 
 def add_bench_parser(commands) -> None:
@@ -125,7 +126,8 @@ def build_workload(args, tokenizer, vocab_size: int):
 def _engine_kwargs(args, **extra) -> dict:
     kwargs = dict(model=args.model, dtype=args.dtype, page_size=args.page_size,
                   max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size,
-                  kv_memory_gb=args.kv_memory_gb, schedule_policy=args.schedule_policy, log_interval=0.0)
+                  kv_memory_gb=args.kv_memory_gb, schedule_policy=args.schedule_policy, log_interval=0.0,
+                  enable_mixed_chunk=args.enable_mixed_chunk)
     return {**kwargs, **extra}
 
 

@@ -1,4 +1,4 @@
-"""The step loop: admit by policy within the page budget, build one mixed batch, forward, sample, finish.
+"""The step loop: admit by policy within the page budget, build one batch, forward, sample, finish.
 
 Page ownership follows the radix cache's rule: a page's single reference belongs to the tree or to the one
 request that allocated it. A running request reads tree pages under a lock on its deepest cached node.
@@ -288,9 +288,12 @@ class Scheduler:
     # ----- batch planning and memory ------------------------------------------------------------------
 
     def _plan(self) -> list[tuple[Req, int]]:
-        """Decodes take one token each; prefills share the chunked-prefill token budget in admission order."""
+        """Prefills share the chunked-prefill token budget in admission order. While any prefill runs, decodes
+        wait (prefill first, as SGLang does: the fewest steps for a batch of prompts) unless
+        ``enable_mixed_chunk`` rides them along in the same step (steadier inter-token latency)."""
         budget = self.args.chunked_prefill_size
         plan: list[tuple[Req, int]] = []
+        has_prefill = False
         for req in self.running:
             todo = req.num_to_compute
             if todo == 1:
@@ -299,6 +302,9 @@ class Scheduler:
                 n = min(todo, budget)
                 budget -= n
                 plan.append((req, n))
+                has_prefill = True
+        if has_prefill and not self.args.enable_mixed_chunk:
+            plan = [(req, n) for req, n in plan if req.num_to_compute > 1]
         return plan
 
     def _pages_short(self, plan: list[tuple[Req, int]]) -> int:
