@@ -147,8 +147,10 @@ def test_cpu_step_bench_runs_every_section(capsys):
     from radixrt.kernels import torch_cascade
 
     groups = torch_cascade.MAX_GROUPS
-    cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--shared-len", "32", "--repeats", "1"])
+    cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--shared-len", "32", "--repeats", "1",
+                         "--long-batch", "2", "--long-len", "40"])
     out = capsys.readouterr().out
     assert "prefill 2 x 16 tokens" in out and "context 16" in out
     assert "32 shared + 16 own tokens, cascade on" in out and "cascade off" in out
+    assert "batch 2, context 40 (distinct)" in out
     assert torch_cascade.MAX_GROUPS == groups

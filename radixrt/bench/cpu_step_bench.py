@@ -3,9 +3,11 @@
     python -m radixrt.bench.cpu_step_bench [--batch 64] [--prompt-len 200] [--shared-len 1008]
 
 Prints prefill tokens/s (prompts in 512-token chunks, as the scheduler cuts them), a batch decode step over
-distinct prompts, and a decode step of requests that share a cached prefix, with the cascade attention on
-and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off). Run it once with
-``RADIXRT_DISABLE_MALLOC_TUNING=1`` for the allocator's effect.
+distinct prompts, a decode step of requests that share a cached prefix, with the cascade attention on
+and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off), and a decode step at long distinct contexts
+(``--long-batch`` x ``--long-len``, the multi-turn chat case). Run it again with
+``RADIXRT_DISABLE_MALLOC_TUNING=1``, ``RADIXRT_DISABLE_PACKED_LINEAR=1`` or ``RADIXRT_DISABLE_CPU_KERNELS=1``
+for the effect of each.
 """
 
 from __future__ import annotations
@@ -39,16 +41,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=200)
     parser.add_argument("--shared-len", type=int, default=1008, help="a multiple of the page size (16)")
+    parser.add_argument("--long-batch", type=int, default=32)
+    parser.add_argument("--long-len", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(0)
     batch, length = args.batch, args.prompt_len
     own = -(-(length + args.repeats + 2) // PAGE_SIZE)
     shared = args.shared_len // PAGE_SIZE
-    runner = ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE,
-                         num_pages=1 + shared + batch * own)
-    malloc = "off" if os.environ.get("RADIXRT_DISABLE_MALLOC_TUNING") == "1" else "on"
-    print(f"{args.dtype}, {torch.get_num_threads()} threads, malloc tuning {malloc}")
+    long_own = -(-(args.long_len + args.repeats + 2) // PAGE_SIZE)
+    num_pages = 1 + max(shared + batch * own, args.long_batch * long_own)
+    runner = ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE, num_pages=num_pages)
+    toggles = {name: "off" if os.environ.get(f"RADIXRT_DISABLE_{var}") == "1" else "on"
+               for name, var in (("malloc tuning", "MALLOC_TUNING"), ("packed linear", "PACKED_LINEAR"),
+                                 ("C++ kernels", "CPU_KERNELS"))}
+    print(f"{args.dtype}, {torch.get_num_threads()} threads, " + ", ".join(f"{k} {v}" for k, v in toggles.items()))
 
     pages = [list(range(1 + shared + r * own, 1 + shared + (r + 1) * own)) for r in range(batch)]
     prompts = [torch.randint(100, 40000, (length,), generator=gen).tolist() for _ in range(batch)]
@@ -81,6 +88,20 @@ def main(argv: list[str] | None = None) -> None:
         print(f"decode step, batch {batch}, {len(doc)} shared + {length} own tokens, {label}: "
               f"{step * 1000:.0f} ms, {batch / step:.0f} tok/s")
     torch_cascade.MAX_GROUPS = groups
+
+    # long distinct histories: every request's K/V is read once per layer per step. Their values do not
+    # change the timing, so the pool is set to a constant instead of running a prefill of all those tokens.
+    for cache in (*runner.pool.k_caches, *runner.pool.v_caches):
+        cache.fill_(0.01)
+    long_pages = [list(range(1 + r * long_own, 1 + (r + 1) * long_own)) for r in range(args.long_batch)]
+
+    def decode_long() -> None:
+        runner.forward(ForwardBatch.build(
+            [SeqChunk([5], args.long_len, long_pages[r]) for r in range(args.long_batch)], PAGE_SIZE))
+
+    step = _timed(decode_long, args.repeats)
+    print(f"decode step, batch {args.long_batch}, context {args.long_len} (distinct): {step * 1000:.0f} ms, "
+          f"{args.long_batch / step:.0f} tok/s")
 
 
 if __name__ == "__main__":
