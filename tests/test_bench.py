@@ -153,4 +153,7 @@ def test_cpu_step_bench_runs_every_section(capsys):
     assert "prefill 2 x 16 tokens" in out and "context 16" in out
     assert "32 shared + 16 own tokens, cascade on" in out and "cascade off" in out
     assert "batch 2, context 40 (distinct)" in out
+    cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--repeats", "1", "--ab-packed-linear"])
+    out = capsys.readouterr().out
+    assert "decode step, batch 2, context 16: packed median" in out and "plain median" in out
     assert torch_cascade.MAX_GROUPS == groups

@@ -7,7 +7,8 @@ distinct prompts, a decode step of requests that share a cached prefix, with the
 and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off), and a decode step at long distinct contexts
 (``--long-batch`` x ``--long-len``, the multi-turn chat case). Run it again with
 ``RADIXRT_DISABLE_MALLOC_TUNING=1``, ``RADIXRT_DISABLE_PACKED_LINEAR=1`` or ``RADIXRT_DISABLE_CPU_KERNELS=1``
-for the effect of each.
+for the effect of each. ``--ab-packed-linear`` instead times the prepacked and the plain linear layers
+interleaved in one process (two runners), which this VM's drift between runs makes the fairer comparison.
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--long-batch", type=int, default=32)
     parser.add_argument("--long-len", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--ab-packed-linear", action="store_true",
+                        help="only compare prepacked vs plain linear layers, interleaved")
     args = parser.parse_args(argv)
+    if args.ab_packed_linear:
+        _ab_packed_linear(args)
+        return
     gen = torch.Generator().manual_seed(0)
     batch, length = args.batch, args.prompt_len
     own = -(-(length + args.repeats + 2) // PAGE_SIZE)
@@ -102,6 +108,46 @@ def main(argv: list[str] | None = None) -> None:
     step = _timed(decode_long, args.repeats)
     print(f"decode step, batch {args.long_batch}, context {args.long_len} (distinct): {step * 1000:.0f} ms, "
           f"{args.long_batch / step:.0f} tok/s")
+
+
+def _ab_packed_linear(args) -> None:
+    """A 512-token prefill chunk and a decode step, alternating a prepacked and a plain runner."""
+    path = resolve_model_path(args.model)
+    own = -(-(args.prompt_len + 2) // PAGE_SIZE)
+    runners = {}
+    for label, env in (("packed", None), ("plain", "1")):
+        previous = os.environ.pop("RADIXRT_DISABLE_PACKED_LINEAR", None)
+        if env:
+            os.environ["RADIXRT_DISABLE_PACKED_LINEAR"] = env
+        try:
+            runners[label] = ModelRunner(path, dtype=args.dtype, page_size=PAGE_SIZE, num_pages=1 + args.batch * own)
+        finally:
+            os.environ.pop("RADIXRT_DISABLE_PACKED_LINEAR", None)
+            if previous is not None:
+                os.environ["RADIXRT_DISABLE_PACKED_LINEAR"] = previous
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(100, 40000, (args.prompt_len,), generator=gen).tolist()
+    pages = [list(range(1 + r * own, 1 + (r + 1) * own)) for r in range(args.batch)]
+    per_chunk = max(1, 512 // args.prompt_len)
+
+    def prefill(runner: ModelRunner) -> None:
+        rows = range(min(per_chunk, args.batch))
+        runner.forward(ForwardBatch.build([SeqChunk(prompt, 0, pages[r]) for r in rows], PAGE_SIZE))
+
+    def decode(runner: ModelRunner) -> None:
+        runner.forward(ForwardBatch.build([SeqChunk([5], args.prompt_len, pages[r]) for r in range(args.batch)],
+                                          PAGE_SIZE))
+
+    print(f"{args.dtype}, {torch.get_num_threads()} threads, {runners['packed'].packed_linears} layers prepacked")
+    for name, fn in ((f"prefill {min(per_chunk, args.batch)} x {args.prompt_len} tokens", prefill),
+                     (f"decode step, batch {args.batch}, context {args.prompt_len}", decode)):
+        times: dict[str, list[float]] = {label: [] for label in runners}
+        for _ in range(args.repeats):
+            for label, runner in runners.items():
+                times[label].append(_timed(lambda: fn(runner), 1))
+        print(name + ": " + ", ".join(
+            f"{label} median {sorted(t)[len(t) // 2] * 1000:.0f} ms (best {min(t) * 1000:.0f})"
+            for label, t in times.items()))
 
 
 if __name__ == "__main__":
