@@ -59,6 +59,11 @@ def load() -> ModuleType | None:
         return None
 
 
+def usable_for(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether :func:`paged_decode` can run on these tensors here (CPU, one dtype, kernels built)."""
+    return q.device.type == "cpu" and q.dtype == k_cache.dtype and load() is not None
+
+
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,

@@ -119,8 +119,7 @@ def cascade_decode_attention(
     batch, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_cache.shape
     group = heads // kv_heads
-    in_place = q.device.type == "cpu" and q.dtype == k_cache.dtype and cpu_kernels.load() is not None
-    if in_place:
+    if cpu_kernels.usable_for(q, k_cache):
         out, lse = cpu_kernels.paged_decode(q, k_cache, v_cache, plan.own_table, plan.own_lens, sm_scale)
         if not plan.groups:
             return out

@@ -115,7 +115,7 @@ def _torch_decode(q, k_cache, v_cache, page_table, seq_lens, cache: dict, key, s
         if plan is None:
             plan = cache[key] = torch_cascade.plan_decode(page_table, seq_lens, page_size)
         return torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, sm_scale)
-    if q.device.type == "cpu" and q.dtype == k_cache.dtype and cpu_kernels.load() is not None:
+    if cpu_kernels.usable_for(q, k_cache):
         return cpu_kernels.paged_decode(q, k_cache, v_cache, page_table, seq_lens, sm_scale, sliding_window)[0]
     if plan is None:
         plan = cache[key] = torch_ref.decode_metadata(page_table, seq_lens, sliding_window, page_size)

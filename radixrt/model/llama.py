@@ -132,14 +132,16 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp
         self.packed_head: torch.Tensor | None = None
 
+    def _head_weight(self) -> torch.Tensor:
+        return (self.embed_tokens if self.lm_head is None else self.lm_head).weight
+
     def pack_linear_weights(self) -> int:
         """Prepack every projection and the LM head for the CPU (cpu_linear); returns how many were packed.
 
         The LM head gets its own packed copy: the embedding table it may share stays for token lookups.
         """
         packed = sum(m.pack() for m in self.modules() if isinstance(m, PackableLinear))
-        head = self.embed_tokens if self.lm_head is None else self.lm_head
-        self.packed_head = pack_weight(head.weight)
+        self.packed_head = pack_weight(self._head_weight())
         return packed + (self.packed_head is not None)
 
     def forward(self, batch: ForwardBatch, attn: PagedAttention) -> torch.Tensor:
@@ -151,8 +153,7 @@ class LlamaForCausalLM(nn.Module):
         if self.packed_head is not None:
             logits = packed_linear(x, self.packed_head)
         else:
-            head = self.embed_tokens if self.lm_head is None else self.lm_head
-            logits = F.linear(x, head.weight)
+            logits = F.linear(x, self._head_weight())
         if self.tp.size > 1:
             parts = [torch.empty_like(logits) for _ in range(self.tp.size)]
             torch.distributed.all_gather(parts, logits)
