@@ -1,6 +1,7 @@
 """C++ CPU kernels (kernels/csrc), compiled on first use with torch's JIT extension builder and cached.
 
-``paged_decode`` reads each request's K/V pages where they lie in the pool: the torch path must first copy
+``rms_norm`` (with the residual add fused in), ``silu_and_mul`` and ``rotary_embedding`` each replace a chain of
+small torch ops of a decoder layer. ``paged_decode`` reads each request's K/V pages where they lie in the pool: the torch path must first copy
 every request's whole history (``gather_pages``) and then read the copy again, which at long contexts costs
 more than the attention itself. Build once: ``python -m radixrt.kernels.cpu_kernels`` (about 40 s with
 gcc; later loads take well under a second). Where no compiler is found the runtime keeps the torch path
@@ -20,11 +21,26 @@ from types import ModuleType
 import torch
 
 logger = logging.getLogger(__name__)
-SOURCES = [Path(__file__).parent / "csrc" / "paged_decode.cpp"]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_decode.cpp", "fused_ops.cpp")]
 
 
 def enabled() -> bool:
     return os.environ.get("RADIXRT_DISABLE_CPU_KERNELS") != "1"
+
+
+def _cpu_flags() -> str:
+    try:
+        return next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def _vector_flags(cpu_flags: str) -> list[str]:
+    """Which of ATen's vector implementations (at::vec, used for exp) the kernels compile against."""
+    names = set(cpu_flags.split())
+    if {"avx2", "fma"} <= names:
+        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    return ["-DCPU_CAPABILITY=DEFAULT"]
 
 
 def _build_name() -> str:
@@ -32,11 +48,7 @@ def _build_name() -> str:
     digest = hashlib.sha256(torch.__version__.encode())
     for source in SOURCES:
         digest.update(source.read_bytes())
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor()
-    digest.update(flags.encode())
+    digest.update(_cpu_flags().encode())
     return f"radixrt_cpu_{digest.hexdigest()[:12]}"
 
 
@@ -51,11 +63,11 @@ def load() -> ModuleType | None:
         return load_extension(
             name=_build_name(),
             sources=[str(s) for s in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", *_vector_flags(_cpu_flags())],
             extra_ldflags=["-fopenmp"],
         )
     except Exception as exc:  # no compiler, no ninja, a failed build: the torch path still works
-        logger.warning("CPU attention kernels unavailable, using the torch path: %s", str(exc).splitlines()[0])
+        logger.warning("CPU kernels unavailable, using the torch path: %s", str(exc).splitlines()[0])
         return None
 
 
@@ -77,11 +89,31 @@ def paged_decode(
 
     ``page_table`` ``[B, W]`` and ``seq_lens`` ``[B]`` (each >= 1) are int32; q and the caches share a dtype.
     """
+    out, lse = _module().paged_decode(q, k_cache, v_cache, page_table, seq_lens, float(sm_scale), int(sliding_window))
+    return out, lse
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of ``x`` ``[T, H]``; with ``residual``, first ``residual += x`` in place and normalize that."""
+    return _module().rms_norm(x, residual, weight, float(eps))
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up`` ``[T, 2I]`` holding gate then up."""
+    return _module().silu_and_mul(gate_up)
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
+                     sin_cache: torch.Tensor) -> None:
+    """Neox-style (rotate-half) RoPE of ``q`` ``[T, H, D]`` and ``k`` ``[T, KH, D]`` in place."""
+    _module().rotary_embedding(positions, q, k, cos_cache, sin_cache)
+
+
+def _module() -> ModuleType:
     module = load()
     if module is None:
         raise RuntimeError("the CPU kernels are not available here (see cpu_kernels.load)")
-    out, lse = module.paged_decode(q, k_cache, v_cache, page_table, seq_lens, float(sm_scale), int(sliding_window))
-    return out, lse
+    return module
 
 
 if __name__ == "__main__":

@@ -122,7 +122,3 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, 
   });
   return {out, lse};
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention reading K/V pages in place (CPU)");
-}

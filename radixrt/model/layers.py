@@ -1,9 +1,28 @@
-"""Norms and rotary position embeddings, numerically identical to the transformers reference."""
+"""Norms, rotary position embeddings and the gated activation, numerically as the transformers reference.
+
+On the CPU each runs as one fused C++ op where the kernels are built (kernels/cpu_kernels), else as torch ops.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from radixrt.kernels import cpu_kernels
+
+
+def _fused_rows(x: torch.Tensor) -> bool:
+    """Whether the C++ op can take ``x``: a CPU tensor of rows with contiguous elements, kernels built."""
+    return x.device.type == "cpu" and x.dim() == 2 and x.stride(1) == 1 and cpu_kernels.load() is not None
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of a merged ``[T, 2I]`` gate/up projection."""
+    if _fused_rows(gate_up):
+        return cpu_kernels.silu_and_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class RMSNorm(nn.Module):
@@ -13,10 +32,19 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused_rows(x) and x.dtype == self.weight.dtype:
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm of ``x + residual``, ``x + residual``); the fused op updates ``residual`` in place."""
+        if _fused_rows(x) and residual.is_contiguous() and x.dtype == residual.dtype == self.weight.dtype:
+            return cpu_kernels.rms_norm(x, self.weight, self.eps, residual), residual
+        residual = x + residual
+        return self.forward(residual), residual
 
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -44,13 +72,32 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin_cache", emb.sin() * scaling, persistent=False)
 
+    def _fp32_caches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin as fp32 for the fused op, also after the model was cast to bf16/fp16 (which rounds them
+        exactly as the reference does; the op rounds them to the activations' dtype again, a no-op)."""
+        if self.cos_cache.dtype == torch.float32:
+            return self.cos_cache, self.sin_cache
+        if getattr(self, "_fp32", None) is None or self._fp32[0].device != self.cos_cache.device:
+            self._fp32 = (self.cos_cache.float(), self.sin_cache.float())
+        return self._fp32
+
     @staticmethod
     def _rotate_half(x: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` ``[T, heads, D]`` and ``k`` ``[T, kv_heads, D]`` at ``positions`` ``[T]``."""
+        """Rotate ``q`` ``[T, heads, D]`` and ``k`` ``[T, kv_heads, D]`` at ``positions`` ``[T]``.
+
+        The fused CPU op rotates them in place (they are views into the QKV projection's output).
+        """
+        if (
+            q.device.type == "cpu"
+            and all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k))
+            and cpu_kernels.load() is not None
+        ):
+            cpu_kernels.rotary_embedding(positions, q, k, *self._fp32_caches())
+            return q, k
         cos = self.cos_cache[positions].to(q.dtype)[:, None, :]
         sin = self.sin_cache[positions].to(q.dtype)[:, None, :]
         return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin

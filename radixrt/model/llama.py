@@ -10,7 +10,7 @@ from torch import nn
 
 from radixrt.model.attention import PagedAttention
 from radixrt.model.forward_batch import ForwardBatch
-from radixrt.model.layers import RMSNorm, RotaryEmbedding
+from radixrt.model.layers import RMSNorm, RotaryEmbedding, silu_and_mul
 from radixrt.model.cpu_linear import pack_weight, packed_linear
 from radixrt.model.parallel import (
     SINGLE,
@@ -93,8 +93,7 @@ class MLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -105,9 +104,19 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch, attn: PagedAttention) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), batch, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch,
+        attn: PagedAttention,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it): the caller's next norm adds the two, so
+        each residual add is fused into the norm that follows it."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(positions, h, batch, attn)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -146,10 +155,11 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, attn: PagedAttention) -> torch.Tensor:
         """Logits (fp32) at ``batch.logits_indices``."""
-        x = self.embed_tokens(batch.input_ids)
+        x, residual = self.embed_tokens(batch.input_ids), None
         for layer in self.layers:
-            x = layer(batch.positions, x, batch, attn)
-        x = self.norm(x[batch.logits_indices])
+            x, residual = layer(batch.positions, x, residual, batch, attn)
+        rows = batch.logits_indices
+        x, _ = self.norm.add_forward(x[rows], residual[rows])
         if self.packed_head is not None:
             logits = packed_linear(x, self.packed_head)
         else:
