@@ -1,13 +1,16 @@
-"""Decode attention that reads a prefix shared by many requests once (cascade attention, CPU path).
+"""Attention that reads a prefix shared by many requests once (cascade attention, CPU path).
 
-When the radix cache gives a group of decoding requests the same leading pages (a few-shot header, a system
-prompt, the trunk of a fork), plain paged decode copies those pages once per request and runs one small
+When the radix cache gives a group of requests the same leading pages (a few-shot header, a system prompt,
+the trunk of a fork), plain paged attention copies those pages once per request and runs one small
 attention per request over them. Here each group's shared pages are gathered once, all the group's queries
-attend to them in one GEMM, and each request then attends only to its own remaining pages; the two partial
-results are merged exactly through their log-sum-exps (the split-KV merge of flash-decoding).
+attend to them in one GEMM, and each request then attends only to its own remaining keys; the two partial
+results are merged exactly through their log-sum-exps (the split-KV merge of flash-decoding). Decode
+(:func:`cascade_decode_attention`) and prefill (:func:`cascade_extend_attention`, a burst of questions
+about one cached document) share the grouping and the merge.
 
-The plan is derived from the page table alone, once per forward (:func:`plan_decode`), and is the same for
-every layer. Sliding-window layers are not planned (their window would cut the shared part).
+The plans are derived from the page table alone, once per forward (:func:`plan_decode`, :func:`plan_extend`),
+and are the same for every layer. Sliding-window layers are not planned (their window would cut the
+shared part).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from radixrt.kernels import cpu_kernels
-from radixrt.kernels.torch_ref import decode_attention, decode_metadata, gather_pages
+from radixrt.kernels.torch_ref import _extend_bias, decode_attention, decode_metadata, extend_attention, gather_pages
 
 MAX_GROUPS = 8  # past this, per-group overhead outweighs the copies saved
 
@@ -47,20 +50,15 @@ class DecodePlan:
         return self._biases[dtype]
 
 
-def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, min_shared_pages: int = 1) -> DecodePlan:
-    """Groups requests by their first page, then finds how many leading pages each group has in common.
-
-    Only full pages before a request's last page are shared, so its current token always lies in its own
-    part. Groups are kept by pages saved (shared pages x (members - 1)), at most :data:`MAX_GROUPS`.
-    """
-    table = page_table.long()
-    lens = seq_lens.long()
-    num_pages = (lens + page_size - 1) // page_size
+def _shared_groups(table: torch.Tensor, limits: torch.Tensor, min_shared_pages: int) -> list[tuple[torch.Tensor, int]]:
+    """Requests grouped by their first page, with how many leading pages each group has in common, counting
+    at most ``limits[r]`` pages of request r. Kept by pages saved (shared x (members - 1)), at most
+    :data:`MAX_GROUPS`: (rows, shared pages) each."""
     _, inverse, counts = torch.unique(table[:, 0], return_inverse=True, return_counts=True)
     candidates: list[tuple[int, torch.Tensor, int]] = []
     for g in torch.nonzero(counts >= 2).flatten().tolist():
         rows = torch.nonzero(inverse == g).flatten()
-        limit = int(num_pages[rows].min()) - 1
+        limit = int(limits[rows].min())
         if limit < min_shared_pages:
             continue
         block = table[rows, :limit]
@@ -69,9 +67,21 @@ def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
         if shared >= min_shared_pages:
             candidates.append((shared * (len(rows) - 1), rows, shared))
     candidates.sort(key=lambda c: -c[0])
+    return [(rows, shared) for _, rows, shared in candidates[:MAX_GROUPS]]
+
+
+def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, min_shared_pages: int = 1) -> DecodePlan:
+    """Groups requests by their first page, then finds how many leading pages each group has in common.
+
+    Only full pages before a request's last page are shared, so its current token always lies in its own
+    part.
+    """
+    table = page_table.long()
+    lens = seq_lens.long()
+    num_pages = (lens + page_size - 1) // page_size
     shift = torch.zeros_like(lens)
     groups = []
-    for _, rows, shared in candidates[:MAX_GROUPS]:
+    for rows, shared in _shared_groups(table, num_pages - 1, min_shared_pages):
         shift[rows] = shared
         groups.append(SharedGroup(rows=rows, pages=table[rows[0], :shared].clone()))
     own_pages = num_pages - shift
@@ -141,8 +151,101 @@ def cascade_decode_attention(
         o_s, lse_s = _attend(q_s[None], k_s[None], v_s[None], sm_scale)  # [1, KH, n*G, D], [1, KH, n*G]
         o_s = o_s.float().view(kv_heads, n, group, head_dim).transpose(0, 1)
         lse_s = lse_s.view(kv_heads, n, group).transpose(0, 1)
-        lse_own = lse[shared.rows]
-        top = torch.maximum(lse_own, lse_s)
-        w_own, w_s = torch.exp(lse_own - top)[..., None], torch.exp(lse_s - top)[..., None]
-        out[shared.rows] = (out[shared.rows] * w_own + o_s * w_s) / (w_own + w_s)
+        out[shared.rows] = _merge(out[shared.rows], lse[shared.rows], o_s, lse_s)
     return out.to(q.dtype).reshape(batch, heads, head_dim)
+
+
+def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Softmax attention over the union of two key sets from each part's (fp32) output and log-sum-exp."""
+    top = torch.maximum(lse_a, lse_b)
+    w_a, w_b = torch.exp(lse_a - top)[..., None], torch.exp(lse_b - top)[..., None]
+    return (out_a * w_a + out_b * w_b) / (w_a + w_b)
+
+
+@dataclass
+class ExtendPlan:
+    """Groups of extending requests whose cached prefixes begin with the same pages."""
+
+    groups: list[SharedGroup]
+    shift: list[int]  # per request: the leading pages its group reads once for all (0 outside a group)
+    group_tokens: list[torch.Tensor]  # per group: the q rows of its members' new tokens
+    alone: torch.Tensor  # requests in no group
+    alone_tokens: torch.Tensor  # their q rows
+
+
+def plan_extend(page_table: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor, page_size: int,
+                min_shared_pages: int = 1) -> ExtendPlan:
+    """Only pages wholly inside every member's cached prefix are shared: all their keys precede all the
+    group's new tokens, so that part needs no mask."""
+    table = page_table.long()
+    prefix, extend = prefix_lens.long().cpu(), extend_lens.long().cpu()
+    starts = torch.cumsum(extend, 0) - extend
+    shift = [0] * len(extend)
+    groups, group_tokens = [], []
+    limits = torch.where(extend > 0, prefix // page_size, 0)
+    for rows, shared in _shared_groups(table.cpu(), limits, min_shared_pages):
+        for r in rows.tolist():
+            shift[r] = shared
+        groups.append(SharedGroup(rows=rows.to(table.device), pages=table[rows[0], :shared].clone()))
+        group_tokens.append(torch.cat([torch.arange(int(starts[r]), int(starts[r] + extend[r])) for r in rows]))
+    in_group = torch.tensor([n > 0 for n in shift], dtype=torch.bool)
+    alone = torch.nonzero(~in_group).flatten()
+    token_alone = torch.repeat_interleave(~in_group, extend)
+    device = table.device
+    return ExtendPlan(groups=groups, shift=shift, group_tokens=[t.to(device) for t in group_tokens],
+                      alone=alone.to(device), alone_tokens=torch.nonzero(token_alone).flatten().to(device))
+
+
+def cascade_extend_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+    prefix_lens: torch.Tensor, extend_lens: torch.Tensor, plan: ExtendPlan, sm_scale: float,
+    mask_cache: dict | None = None,
+) -> torch.Tensor:
+    """Same result as :func:`torch_ref.extend_attention` (no sliding window) for ``q`` ``[tokens, heads, D]``.
+
+    A group member attends to its keys after the shared pages (the rest of its prefix, causally its new
+    tokens) on its own; all the group's new tokens attend to the shared pages in one call.
+    """
+    if not plan.groups:
+        return extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, sm_scale, 0, mask_cache)
+    tokens, heads, head_dim = q.shape
+    _, page_size, kv_heads, _ = k_cache.shape
+    group = heads // kv_heads
+    out = torch.empty(tokens, heads, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(tokens, heads, dtype=torch.float32, device=q.device)
+    if plan.alone.numel():
+        out[plan.alone_tokens] = extend_attention(
+            q[plan.alone_tokens], k_cache, v_cache, page_table[plan.alone], prefix_lens[plan.alone],
+            extend_lens[plan.alone], sm_scale, 0, mask_cache).float()
+
+    def by_kv_head(x: torch.Tensor) -> torch.Tensor:  # [n, heads, D] -> [1, KH, G * n, D]
+        n = x.shape[0]
+        return x.view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, kv_heads, group * n, head_dim)
+
+    def by_token(o: torch.Tensor, l: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = o.shape[2] // group
+        o = o[0].float().view(kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads, head_dim)
+        return o, l[0].view(kv_heads, group, n).permute(2, 0, 1).reshape(n, heads)
+
+    start = 0
+    for r, (prefix, extend) in enumerate(zip(prefix_lens.tolist(), extend_lens.tolist())):
+        if extend == 0 or plan.shift[r] == 0:
+            start += extend
+            continue
+        skipped = plan.shift[r] * page_size
+        seq_len = prefix + extend
+        pages = page_table[r, plan.shift[r] : -(-seq_len // page_size)].long()
+        keys = gather_pages(k_cache, pages).view(-1, kv_heads, head_dim)[: seq_len - skipped]
+        values = gather_pages(v_cache, pages).view(-1, kv_heads, head_dim)[: seq_len - skipped]
+        bias = _extend_bias(prefix - skipped, extend, group, 0, q.dtype, q.device, mask_cache)
+        o, l = _attend(by_kv_head(q[start : start + extend]), keys.transpose(0, 1)[None].to(q.dtype),
+                       values.transpose(0, 1)[None].to(q.dtype), sm_scale, bias)
+        out[start : start + extend], lse[start : start + extend] = by_token(o, l)
+        start += extend
+    for shared, rows in zip(plan.groups, plan.group_tokens):
+        length = len(shared.pages) * page_size
+        k_s = gather_pages(k_cache, shared.pages).view(length, kv_heads, head_dim).transpose(0, 1).to(q.dtype)
+        v_s = gather_pages(v_cache, shared.pages).view(length, kv_heads, head_dim).transpose(0, 1).to(q.dtype)
+        o_s, lse_s = by_token(*_attend(by_kv_head(q[rows]), k_s[None], v_s[None], sm_scale))
+        out[rows] = _merge(out[rows], lse[rows], o_s, lse_s)
+    return out.to(q.dtype)

@@ -1,4 +1,4 @@
-"""Cascade decode attention: a shared prefix read once per group must give plain paged decode's result."""
+"""Cascade attention: a shared prefix read once per group must give plain paged decode's and extend's result."""
 
 import pytest
 import torch
@@ -111,3 +111,55 @@ def test_fused_cpu_attend_matches_unfused(dtype):
     assert lse.dtype == torch.float32
     torch.testing.assert_close(lse, ref_lse, atol=tol, rtol=tol)
     torch.testing.assert_close(out.float(), ref_out, atol=tol, rtol=tol)
+
+
+def extend_case(page_size: int, layout: list[tuple[int, int, int]], dtype=torch.float32, seed: int = 0):
+    """``layout``: per request (shared-prefix id or -1, cached tokens after that prefix, new tokens)."""
+    _, k_cache, v_cache, table, lens = shared_case(
+        page_size, [(prefix, own + new) for prefix, own, new in layout], dtype, seed)
+    extend = torch.tensor([new for _, _, new in layout], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(int(extend.sum()), 6, 8, generator=gen).to(dtype)
+    return q, k_cache, v_cache, table, lens - extend, extend
+
+
+EXTEND_LAYOUTS = {
+    "one group and loners": [(0, 3, 5), (-1, 0, 9), (0, 0, 4), (-1, 6, 2), (0, 17, 1)],
+    "two groups": [(1, 2, 4), (0, 5, 2), (1, 0, 7), (0, 0, 3), (1, 9, 1)],
+    "question burst": [(2, 0, 6)] * 5,
+}
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("layout", list(EXTEND_LAYOUTS))
+def test_cascade_extend_equals_extend_attention(page_size, layout):
+    q, k_cache, v_cache, table, prefix, extend = extend_case(page_size, EXTEND_LAYOUTS[layout])
+    plan = torch_cascade.plan_extend(table, prefix, extend, page_size)
+    assert plan.groups, "the layout shares cached pages, so the plan must use them"
+    out = torch_cascade.cascade_extend_attention(q, k_cache, v_cache, table, prefix, extend, plan, SCALE, {})
+    expected = torch_ref.extend_attention(q, k_cache, v_cache, table, prefix, extend, SCALE)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+def test_cascade_extend_bf16_within_tolerance():
+    q, k_cache, v_cache, table, prefix, extend = extend_case(4, EXTEND_LAYOUTS["two groups"], torch.bfloat16)
+    plan = torch_cascade.plan_extend(table, prefix, extend, 4)
+    out = torch_cascade.cascade_extend_attention(q, k_cache, v_cache, table, prefix, extend, plan, SCALE)
+    assert out.dtype == torch.bfloat16
+    expected = torch_ref.extend_attention(q.float(), k_cache.float(), v_cache.float(), table, prefix, extend, SCALE)
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_extend_plan_shares_only_pages_wholly_inside_every_cached_prefix():
+    q, k_cache, v_cache, table, prefix, extend = extend_case(4, EXTEND_LAYOUTS["one group and loners"])
+    plan = torch_cascade.plan_extend(table, prefix, extend, 4)
+    assert [(g.rows.tolist(), len(g.pages)) for g in plan.groups] == [([0, 2, 4], 2)]
+    assert plan.shift == [2, 0, 2, 0, 2]
+    assert plan.alone.tolist() == [1, 3]
+    assert plan.alone_tokens.tolist() == list(range(5, 14)) + [18, 19]
+    # a member whose cached prefix ends inside the second shared page limits the group to the first
+    table2 = torch.tensor([[1, 2, 7], [1, 2, 8]], dtype=torch.int32)
+    plan2 = torch_cascade.plan_extend(table2, torch.tensor([8, 6]), torch.tensor([3, 3]), 4)
+    assert [g.pages.tolist() for g in plan2.groups] == [[1]]
+    # nothing cached: nothing to share
+    assert torch_cascade.plan_extend(table2, torch.tensor([0, 0]), torch.tensor([3, 3]), 4).groups == []

@@ -3,8 +3,8 @@
     python -m radixrt.bench.cpu_step_bench [--batch 64] [--prompt-len 200] [--shared-len 1008]
 
 Prints prefill tokens/s (prompts in 512-token chunks, as the scheduler cuts them), a batch decode step over
-distinct prompts, a decode step of requests that share a cached prefix, with the cascade attention on
-and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off), and a decode step at long distinct contexts
+distinct prompts, the prefill and a decode step of requests that share a cached prefix, with the cascade
+attention on and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off), and a decode step at long distinct contexts
 (``--long-batch`` x ``--long-len``, the multi-turn chat case). Run it again with
 ``RADIXRT_DISABLE_MALLOC_TUNING=1``, ``RADIXRT_DISABLE_PACKED_LINEAR=1`` or ``RADIXRT_DISABLE_CPU_KERNELS=1``
 for the effect of each. ``--ab-packed-linear`` instead times the prepacked and the plain linear layers
@@ -82,12 +82,20 @@ def main(argv: list[str] | None = None) -> None:
     prefix = list(range(1, 1 + shared))
     doc = torch.randint(100, 40000, (shared * PAGE_SIZE,), generator=gen).tolist()
     runner.forward(ForwardBatch.build([SeqChunk(doc, 0, prefix)], PAGE_SIZE))
-    # each request's own tokens: its old prompt, now after the shared document
-    for first in range(0, batch, per_chunk):
-        rows = range(first, min(first + per_chunk, batch))
-        runner.forward(ForwardBatch.build([SeqChunk(prompts[r], len(doc), prefix + pages[r]) for r in rows], PAGE_SIZE))
-    context = len(doc) + length
+    # each request's own tokens: its old prompt, now after the shared document (a burst of questions about
+    # one cached document), in 512-token chunks; run twice, with the cascade (here the extend one) on and off
     groups = torch_cascade.MAX_GROUPS
+    for label, max_groups in (("cascade on", groups), ("cascade off", 0)):
+        torch_cascade.MAX_GROUPS = max_groups
+        started = time.perf_counter()
+        for first in range(0, batch, per_chunk):
+            rows = range(first, min(first + per_chunk, batch))
+            runner.forward(ForwardBatch.build([SeqChunk(prompts[r], len(doc), prefix + pages[r]) for r in rows],
+                                              PAGE_SIZE))
+        seconds = time.perf_counter() - started
+        print(f"prefill {batch} x {length} tokens after {len(doc)} shared, {label}: {seconds:.2f} s, "
+              f"{batch * length / seconds:.0f} tok/s")
+    context = len(doc) + length
     for label, max_groups in (("cascade on", groups), ("cascade off", 0)):
         torch_cascade.MAX_GROUPS = max_groups
         step = _timed(lambda: decode(prefix, context), args.repeats)

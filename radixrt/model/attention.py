@@ -62,18 +62,18 @@ class PagedAttention:
         if split is None:
             split = batch.attn_cache["mixed"] = MixedSplit.of(batch)
         if split.decode_reqs.numel() < MIN_DECODE_ROWS_TO_SPLIT:
-            return torch_ref.extend_attention(q, k_cache, v_cache, batch.page_table, batch.prefix_lens,
-                                              batch.extend_lens, sm_scale, sliding_window, batch.attn_cache)
+            return _torch_extend(q, k_cache, v_cache, batch.page_table, batch.prefix_lens, batch.extend_lens,
+                                 batch.attn_cache, ("extend", sliding_window), sm_scale, sliding_window)
         out = torch.empty_like(q)
         out[split.decode_tokens] = _torch_decode(
             q[split.decode_tokens], k_cache, v_cache, batch.page_table[split.decode_reqs],
             batch.seq_lens[split.decode_reqs], batch.attn_cache, ("mixed-decode", sliding_window), sm_scale,
             sliding_window,
         )
-        out[split.extend_tokens] = torch_ref.extend_attention(
+        out[split.extend_tokens] = _torch_extend(
             q[split.extend_tokens], k_cache, v_cache, batch.page_table[split.extend_reqs],
-            batch.prefix_lens[split.extend_reqs], batch.extend_lens[split.extend_reqs], sm_scale, sliding_window,
-            batch.attn_cache,
+            batch.prefix_lens[split.extend_reqs], batch.extend_lens[split.extend_reqs], batch.attn_cache,
+            ("mixed-extend", sliding_window), sm_scale, sliding_window,
         )
         return out
 
@@ -120,3 +120,15 @@ def _torch_decode(q, k_cache, v_cache, page_table, seq_lens, cache: dict, key, s
     if plan is None:
         plan = cache[key] = torch_ref.decode_metadata(page_table, seq_lens, sliding_window, page_size)
     return torch_ref.decode_attention(q, k_cache, v_cache, page_table, seq_lens, sm_scale, sliding_window, meta=plan)
+
+
+def _torch_extend(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, cache: dict, key, sm_scale: float,
+                  sliding_window: int) -> torch.Tensor:
+    if sliding_window > 0:
+        return torch_ref.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, sm_scale,
+                                          sliding_window, cache)
+    plan = cache.get(key)
+    if plan is None:
+        plan = cache[key] = torch_cascade.plan_extend(page_table, prefix_lens, extend_lens, k_cache.shape[1])
+    return torch_cascade.cascade_extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, plan,
+                                                  sm_scale, cache)
