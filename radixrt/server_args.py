@@ -21,7 +21,7 @@ class ServerArgs:
     context_length: int | None = field(default=None, metadata={"help": "maximum prompt + output tokens (default: the model's)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch or triton"})
     schedule_policy: str = field(default="lpm", metadata={"help": "lpm, dfs-weight or fcfs"})
-    chunked_prefill_size: int = field(default=512, metadata={"help": "prefill tokens per step (chunked prefill)"})
+    chunked_prefill_size: int = field(default=2048, metadata={"help": "prefill tokens per step (chunked prefill)"})
     enable_mixed_chunk: bool = field(default=False, metadata={"help": "decode in the same steps as prefill chunks (default: prefill first)"})
     max_running_requests: int = field(default=64, metadata={"help": "requests decoded together at most"})
     max_queued_requests: int = field(default=1024, metadata={"help": "waiting requests beyond which new ones get 503"})

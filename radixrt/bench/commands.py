@@ -38,14 +38,15 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     from radixrt.model.weights import DEFAULT_MODEL
+    from radixrt.server_args import ServerArgs
 
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--max-running-requests", type=int, default=64)
-    p.add_argument("--chunked-prefill-size", type=int, default=512)
-    p.add_argument("--kv-memory-gb", type=float, default=1.0)
-    p.add_argument("--schedule-policy", default="lpm")
+    p.add_argument("--page-size", type=int, default=ServerArgs.page_size)
+    p.add_argument("--max-running-requests", type=int, default=ServerArgs.max_running_requests)
+    p.add_argument("--chunked-prefill-size", type=int, default=ServerArgs.chunked_prefill_size)
+    p.add_argument("--kv-memory-gb", type=float, default=ServerArgs.kv_memory_gb)
+    p.add_argument("--schedule-policy", default=ServerArgs.schedule_policy)
     p.add_argument("--enable-mixed-chunk", action="store_true", help="decodes ride along with prefill chunks")
 
 

@@ -2,7 +2,7 @@
 
     python -m radixrt.bench.cpu_step_bench [--batch 64] [--prompt-len 200] [--shared-len 1008]
 
-Prints prefill tokens/s (prompts in 512-token chunks, as the scheduler cuts them), a batch decode step over
+Prints prefill tokens/s (prompts in chunks of the scheduler's default ``chunked_prefill_size``), a batch decode step over
 distinct prompts, the prefill and a decode step of requests that share a cached prefix, with the cascade
 attention on and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off), and a decode step at long distinct contexts
 (``--long-batch`` x ``--long-len``, the multi-turn chat case). Run it again with
@@ -23,8 +23,10 @@ from radixrt.kernels import torch_cascade
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.runner import ModelRunner
 from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
+from radixrt.server_args import ServerArgs
 
 PAGE_SIZE = 16
+CHUNK = ServerArgs.chunked_prefill_size
 
 
 def _timed(fn, repeats: int) -> float:
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     pages = [list(range(1 + shared + r * own, 1 + shared + (r + 1) * own)) for r in range(batch)]
     prompts = [torch.randint(100, 40000, (length,), generator=gen).tolist() for _ in range(batch)]
     started = time.perf_counter()
-    per_chunk = max(1, 512 // length)
+    per_chunk = max(1, CHUNK // length)
     for first in range(0, batch, per_chunk):
         rows = range(first, min(first + per_chunk, batch))
         runner.forward(ForwardBatch.build([SeqChunk(prompts[r], 0, pages[r]) for r in rows], PAGE_SIZE))
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = torch.randint(100, 40000, (shared * PAGE_SIZE,), generator=gen).tolist()
     runner.forward(ForwardBatch.build([SeqChunk(doc, 0, prefix)], PAGE_SIZE))
     # each request's own tokens: its old prompt, now after the shared document (a burst of questions about
-    # one cached document), in 512-token chunks; run twice, with the cascade (here the extend one) on and off
+    # one cached document), in chunks; run twice, with the cascade (here the extend one) on and off
     groups = torch_cascade.MAX_GROUPS
     for label, max_groups in (("cascade on", groups), ("cascade off", 0)):
         torch_cascade.MAX_GROUPS = max_groups
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _ab_packed_linear(args) -> None:
-    """A 512-token prefill chunk and a decode step, alternating a prepacked and a plain runner."""
+    """A prefill chunk and a decode step, alternating a prepacked and a plain runner."""
     path = resolve_model_path(args.model)
     own = -(-(args.prompt_len + 2) // PAGE_SIZE)
     runners = {}
@@ -136,7 +138,7 @@ def _ab_packed_linear(args) -> None:
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, 40000, (args.prompt_len,), generator=gen).tolist()
     pages = [list(range(1 + r * own, 1 + (r + 1) * own)) for r in range(args.batch)]
-    per_chunk = max(1, 512 // args.prompt_len)
+    per_chunk = max(1, CHUNK // args.prompt_len)
 
     def prefill(runner: ModelRunner) -> None:
         rows = range(min(per_chunk, args.batch))
