@@ -144,7 +144,8 @@ def test_truncated_sharegpt_keeps_whole_records():
 @pytest.mark.model
 def test_cpu_step_bench_runs_every_section(capsys):
     from radixrt.bench import cpu_step_bench
-    from radixrt.kernels import torch_cascade
+    from radixrt.kernels import cpu_kernels, torch_cascade
+    from radixrt.model import layers
 
     groups = torch_cascade.MAX_GROUPS
     cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--shared-len", "32", "--repeats", "1",
@@ -152,8 +153,13 @@ def test_cpu_step_bench_runs_every_section(capsys):
     out = capsys.readouterr().out
     assert "prefill 2 x 16 tokens" in out and "context 16" in out
     assert "32 shared + 16 own tokens, cascade on" in out and "cascade off" in out
+    assert "prefill 2 x 16 tokens after 32 shared, cascade on" in out
     assert "batch 2, context 40 (distinct)" in out
     cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--repeats", "1", "--ab-packed-linear"])
     out = capsys.readouterr().out
     assert "decode step, batch 2, context 16: packed median" in out and "plain median" in out
     assert torch_cascade.MAX_GROUPS == groups
+    cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--repeats", "1", "--ab-fused-ops"])
+    out = capsys.readouterr().out
+    assert "decode step, batch 2, context 16: fused median" in out and "torch ops median" in out
+    assert layers.cpu_kernels is cpu_kernels  # the switch is put back

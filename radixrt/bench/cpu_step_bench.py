@@ -2,13 +2,14 @@
 
     python -m radixrt.bench.cpu_step_bench [--batch 64] [--prompt-len 200] [--shared-len 1008]
 
-Prints prefill tokens/s (prompts in chunks of the scheduler's default ``chunked_prefill_size``), a batch decode step over
-distinct prompts, the prefill and a decode step of requests that share a cached prefix, with the cascade
-attention on and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off), and a decode step at long distinct contexts
-(``--long-batch`` x ``--long-len``, the multi-turn chat case). Run it again with
+Prints prefill tokens/s (prompts in chunks of the scheduler's default ``chunked_prefill_size``), a batch
+decode step over distinct prompts, the prefill and a decode step of requests that share a cached prefix,
+with the cascade attention on and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off), and a decode
+step at long distinct contexts (``--long-batch`` x ``--long-len``, the multi-turn chat case). Run it again with
 ``RADIXRT_DISABLE_MALLOC_TUNING=1``, ``RADIXRT_DISABLE_PACKED_LINEAR=1`` or ``RADIXRT_DISABLE_CPU_KERNELS=1``
 for the effect of each. ``--ab-packed-linear`` instead times the prepacked and the plain linear layers
-interleaved in one process (two runners), which this VM's drift between runs makes the fairer comparison.
+interleaved in one process (two runners), which this VM's drift between runs makes the fairer comparison;
+``--ab-fused-ops`` does the same for the fused C++ element-wise ops against the torch ops they replace.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from types import SimpleNamespace
+from typing import Callable
 
 import torch
 
-from radixrt.kernels import torch_cascade
+from radixrt.kernels import cpu_kernels, torch_cascade
+from radixrt.model import layers
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.runner import ModelRunner
 from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
@@ -49,9 +53,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--ab-packed-linear", action="store_true",
                         help="only compare prepacked vs plain linear layers, interleaved")
+    parser.add_argument("--ab-fused-ops", action="store_true",
+                        help="only compare the fused C++ element-wise ops vs torch ops, interleaved")
     args = parser.parse_args(argv)
     if args.ab_packed_linear:
         _ab_packed_linear(args)
+        return
+    if args.ab_fused_ops:
+        _ab_fused_ops(args)
         return
     gen = torch.Generator().manual_seed(0)
     batch, length = args.batch, args.prompt_len
@@ -135,6 +144,31 @@ def _ab_packed_linear(args) -> None:
             os.environ.pop("RADIXRT_DISABLE_PACKED_LINEAR", None)
             if previous is not None:
                 os.environ["RADIXRT_DISABLE_PACKED_LINEAR"] = previous
+    print(f"{args.dtype}, {torch.get_num_threads()} threads, {runners['packed'].packed_linears} layers prepacked")
+    _time_interleaved(args, {label: (runner, lambda: None) for label, runner in runners.items()})
+
+
+def _ab_fused_ops(args) -> None:
+    """One runner, its layers' fused C++ ops (RMSNorm, SiLU-and-mul, rotary) switched on and off in turn."""
+    own = -(-(args.prompt_len + 2) // PAGE_SIZE)
+    runner = ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE,
+                         num_pages=1 + args.batch * own)
+    torch_only = SimpleNamespace(load=lambda: None)
+
+    def use(kernels) -> Callable[[], None]:
+        return lambda: setattr(layers, "cpu_kernels", kernels)
+
+    print(f"{args.dtype}, {torch.get_num_threads()} threads")
+    try:
+        _time_interleaved(args, {"fused": (runner, use(cpu_kernels)), "torch ops": (runner, use(torch_only))})
+    finally:
+        layers.cpu_kernels = cpu_kernels
+
+
+def _time_interleaved(args, variants: dict[str, tuple[ModelRunner, Callable[[], None]]]) -> None:
+    """A prefill chunk and a decode step of distinct prompts, the variants alternating ``--repeats`` times
+    (each variant's callable sets it up before its turn)."""
+    own = -(-(args.prompt_len + 2) // PAGE_SIZE)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, 40000, (args.prompt_len,), generator=gen).tolist()
     pages = [list(range(1 + r * own, 1 + (r + 1) * own)) for r in range(args.batch)]
@@ -148,12 +182,12 @@ def _ab_packed_linear(args) -> None:
         runner.forward(ForwardBatch.build([SeqChunk([5], args.prompt_len, pages[r]) for r in range(args.batch)],
                                           PAGE_SIZE))
 
-    print(f"{args.dtype}, {torch.get_num_threads()} threads, {runners['packed'].packed_linears} layers prepacked")
     for name, fn in ((f"prefill {min(per_chunk, args.batch)} x {args.prompt_len} tokens", prefill),
                      (f"decode step, batch {args.batch}, context {args.prompt_len}", decode)):
-        times: dict[str, list[float]] = {label: [] for label in runners}
+        times: dict[str, list[float]] = {label: [] for label in variants}
         for _ in range(args.repeats):
-            for label, runner in runners.items():
+            for label, (runner, setup) in variants.items():
+                setup()
                 times[label].append(_timed(lambda: fn(runner), 1))
         print(name + ": " + ", ".join(
             f"{label} median {sorted(t)[len(t) // 2] * 1000:.0f} ms (best {min(t) * 1000:.0f})"
