@@ -17,7 +17,7 @@ venv: $(STAMP)
 model: $(STAMP)
 	$(PY) -m radixrt.cli fetch-model
 
-# the C++ CPU kernels, compiled once (about 40 s) and cached; without a compiler the torch path runs
+# the C++ CPU kernels, compiled once (about 50 s) and cached; without a compiler the torch path runs
 kernels: $(STAMP)
 	$(PY) -m radixrt.kernels.cpu_kernels
 

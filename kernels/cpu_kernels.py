@@ -1,9 +1,9 @@
 """C++ CPU kernels (kernels/csrc), compiled on first use with torch's JIT extension builder and cached.
 
-``rms_norm`` (with the residual add fused in), ``silu_and_mul`` and ``rotary_embedding`` each replace a chain of
-small torch ops of a decoder layer. ``paged_decode`` reads each request's K/V pages where they lie in the pool: the torch path must first copy
-every request's whole history (``gather_pages``) and then read the copy again, which at long contexts costs
-more than the attention itself. Build once: ``python -m radixrt.kernels.cpu_kernels`` (about 40 s with
+``rms_norm`` (with the residual add fused in), ``silu_and_mul`` and ``rotary_embedding`` each replace a chain
+of small torch ops of a decoder layer. ``paged_decode`` reads each request's K/V pages where they lie in the
+pool: the torch path must first copy every request's whole history (``gather_pages``) and then read the copy
+again, which at long contexts costs more than the attention itself. Build once: ``python -m radixrt.kernels.cpu_kernels`` (about 50 s with
 gcc; later loads take well under a second). Where no compiler is found the runtime keeps the torch path
 (a warning says why); ``RADIXRT_DISABLE_CPU_KERNELS=1`` keeps it deliberately.
 """
