@@ -30,6 +30,14 @@ class SharedGroup:
     rows: torch.Tensor  # [n] batch rows of the requests in the group
     pages: torch.Tensor  # [S] the pages they share, in order (all full)
 
+    def keys_values(self, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shared keys and values, gathered once, as ``[1, kv_heads, S * page_size, head_dim]``."""
+        _, page_size, kv_heads, head_dim = k_cache.shape
+        length = len(self.pages) * page_size
+        return tuple(gather_pages(cache, self.pages).view(length, kv_heads, head_dim).transpose(0, 1)[None].to(dtype)
+                     for cache in (k_cache, v_cache))
+
 
 @dataclass
 class DecodePlan:
@@ -144,11 +152,9 @@ def cascade_decode_attention(
     q4 = q.view(batch, kv_heads, group, head_dim)
     out = out.float()
     for shared in plan.groups:
-        n, length = len(shared.rows), len(shared.pages) * page_size
-        k_s = gather_pages(k_cache, shared.pages).view(length, kv_heads, head_dim).transpose(0, 1).to(q.dtype)
-        v_s = gather_pages(v_cache, shared.pages).view(length, kv_heads, head_dim).transpose(0, 1).to(q.dtype)
+        n = len(shared.rows)
         q_s = q4[shared.rows].transpose(0, 1).reshape(kv_heads, n * group, head_dim)
-        o_s, lse_s = _attend(q_s[None], k_s[None], v_s[None], sm_scale)  # [1, KH, n*G, D], [1, KH, n*G]
+        o_s, lse_s = _attend(q_s[None], *shared.keys_values(k_cache, v_cache, q.dtype), sm_scale)  # [1, KH, n*G, D]
         o_s = o_s.float().view(kv_heads, n, group, head_dim).transpose(0, 1)
         lse_s = lse_s.view(kv_heads, n, group).transpose(0, 1)
         out[shared.rows] = _merge(out[shared.rows], lse[shared.rows], o_s, lse_s)
@@ -243,9 +249,6 @@ def cascade_extend_attention(
         out[start : start + extend], lse[start : start + extend] = by_token(o, l)
         start += extend
     for shared, rows in zip(plan.groups, plan.group_tokens):
-        length = len(shared.pages) * page_size
-        k_s = gather_pages(k_cache, shared.pages).view(length, kv_heads, head_dim).transpose(0, 1).to(q.dtype)
-        v_s = gather_pages(v_cache, shared.pages).view(length, kv_heads, head_dim).transpose(0, 1).to(q.dtype)
-        o_s, lse_s = by_token(*_attend(by_kv_head(q[rows]), k_s[None], v_s[None], sm_scale))
+        o_s, lse_s = by_token(*_attend(by_kv_head(q[rows]), *shared.keys_values(k_cache, v_cache, q.dtype), sm_scale))
         out[rows] = _merge(out[rows], lse[rows], o_s, lse_s)
     return out.to(q.dtype)

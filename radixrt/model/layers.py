@@ -12,9 +12,14 @@ from torch import nn
 from radixrt.kernels import cpu_kernels
 
 
+def _kernels_for(x: torch.Tensor) -> bool:
+    """Whether the C++ ops can run on ``x``'s device here (a CPU tensor, kernels built)."""
+    return x.device.type == "cpu" and cpu_kernels.load() is not None
+
+
 def _fused_rows(x: torch.Tensor) -> bool:
-    """Whether the C++ op can take ``x``: a CPU tensor of rows with contiguous elements, kernels built."""
-    return x.device.type == "cpu" and x.dim() == 2 and x.stride(1) == 1 and cpu_kernels.load() is not None
+    """Whether a C++ row op can take ``x``: rows with contiguous elements, on a device the kernels run on."""
+    return x.dim() == 2 and x.stride(1) == 1 and _kernels_for(x)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -91,11 +96,7 @@ class RotaryEmbedding(nn.Module):
 
         The fused CPU op rotates them in place (they are views into the QKV projection's output).
         """
-        if (
-            q.device.type == "cpu"
-            and all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k))
-            and cpu_kernels.load() is not None
-        ):
+        if all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k)) and _kernels_for(q):
             cpu_kernels.rotary_embedding(positions, q, k, *self._fp32_caches())
             return q, k
         cos = self.cos_cache[positions].to(q.dtype)[:, None, :]

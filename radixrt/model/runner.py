@@ -77,7 +77,7 @@ class ModelRunner:
         self.device = torch.device(device)
         if self.device.type == "cpu":
             keep_freed_memory()
-            cpu_kernels.load()  # compiled on the first run ever (about 40 s), then loaded from the cache
+            cpu_kernels.load()  # compiled on the first run ever (about 50 s), then loaded from the cache
         self.context_length = int(context_length or self.config.max_position_embeddings)
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(self.device):
