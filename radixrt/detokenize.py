@@ -7,7 +7,13 @@ stop string is held back until the next tokens decide it.
 
 from __future__ import annotations
 
-from radixrt.messages import BatchStrOut, BatchTokenOut, StrDelta
+import logging
+
+import msgspec
+
+from radixrt.messages import BatchStrOut, BatchTokenOut, ReqDelta, StrDelta
+
+logger = logging.getLogger("radixrt.detokenize")
 
 
 class TextStream:
@@ -71,7 +77,11 @@ class TextStream:
 
 
 class Detokenizer:
-    """Turns the scheduler's token deltas into text deltas, one TextStream per live request."""
+    """Turns the scheduler's token deltas into text deltas, one TextStream per live request.
+
+    A request whose text cannot be rendered ends there with a 500-coded abort (its client is answered and
+    should abort it in the scheduler); the other requests of the batch are not affected.
+    """
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -80,14 +90,25 @@ class Detokenizer:
     def process(self, batch: BatchTokenOut) -> BatchStrOut:
         outputs = []
         for delta in batch.deltas:
-            stream = self.streams.get(delta.rid)
-            if stream is None:
-                stream = TextStream(self.tokenizer, delta.stop, delta.skip_special_tokens)
-                self.streams[delta.rid] = stream
-            stream.add(delta.new_ids)
-            final = delta.finish_reason is not None
-            if final:
-                stream.finish()
-                del self.streams[delta.rid]
-            outputs.append(StrDelta(rid=delta.rid, text=stream.take(final), delta=delta))
+            try:
+                outputs.append(self._process_one(delta))
+            except Exception as exc:
+                logger.error("could not detokenize request %s: %r", delta.rid, exc, exc_info=exc)
+                self.streams.pop(delta.rid, None)
+                reason = {"type": "abort", "message": f"internal error while detokenizing: {exc!r}",
+                          "status_code": 500}
+                outputs.append(StrDelta(rid=delta.rid, text="", delta=msgspec.structs.replace(
+                    delta, new_ids=[], finish_reason=reason)))
         return BatchStrOut(outputs)
+
+    def _process_one(self, delta: ReqDelta) -> StrDelta:
+        stream = self.streams.get(delta.rid)
+        if stream is None:
+            stream = TextStream(self.tokenizer, delta.stop, delta.skip_special_tokens)
+            self.streams[delta.rid] = stream
+        stream.add(delta.new_ids)
+        final = delta.finish_reason is not None
+        if final:
+            stream.finish()
+            del self.streams[delta.rid]
+        return StrDelta(rid=delta.rid, text=stream.take(final), delta=delta)

@@ -1,27 +1,50 @@
 """The in-process runtime, call-compatible with SGLang's offline Engine.
 
 The scheduler runs in a background thread; calls from any number of threads (or coroutines) batch together.
+A request the runtime cannot serve raises ``ValueError`` before it is queued; a request that failed inside the
+runtime (its batch's forward failed) raises ``RuntimeError`` while the engine keeps serving. Only a model that
+can no longer run stops the scheduler thread: then every call raises ``EngineDead`` at once, with the cause.
+Engines still running when the interpreter exits are shut down first (as SGLang's Engine does), so a script
+that never calls ``shutdown()`` ends cleanly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import queue
 import threading
 import uuid
+import weakref
 from typing import Any, AsyncIterator, Iterator
 
 from radixrt.detokenize import Detokenizer
-from radixrt.messages import AbortReq, BatchTokenOut, GenerateReq, StrDelta
+from radixrt.messages import AbortReq, BatchTokenOut, StrDelta
 from radixrt.output import ResponseBuilder
-from radixrt.sampling.params import SamplingParams
+from radixrt.requests import Prepared, expand, prepare
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.engine")
 
-_DONE = object()
+_LIVE_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+POLL_SECONDS = 0.5  # how often a waiting caller checks that the scheduler thread is still alive
+
+
+class EngineDead(RuntimeError):
+    """The scheduler thread has stopped (the model cannot run, or the engine was shut down)."""
+
+
+def raise_for_finish(builder: ResponseBuilder) -> None:
+    """A request that ended in error: ValueError for a request the runtime refused, RuntimeError for a failure
+    inside the runtime. A client's own abort is not an error."""
+    reason = builder.meta.get("finish_reason")
+    if not reason or reason.get("type") != "abort" or reason.get("message") in (None, "aborted"):
+        return
+    if reason.get("status_code", 400) >= 500:
+        raise RuntimeError(reason["message"])
+    raise ValueError(reason["message"])
 
 
 class _Waiter:
@@ -62,6 +85,7 @@ class Engine:
         self._counter = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="radixrt-scheduler", daemon=True)
         self._thread.start()
+        _LIVE_ENGINES.add(self)
 
     # ----- the scheduler thread -----------------------------------------------------------------------
 
@@ -71,111 +95,58 @@ class Engine:
                 if not self.scheduler.step():
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
-        except BaseException as exc:  # surface scheduler crashes to every caller instead of hanging them
+        except BaseException as exc:  # the model cannot run any more: fail every caller instead of hanging them
             logger.exception("the scheduler thread died")
             self._error = exc
-            with self._lock:
-                waiters = list(self._waiters.values())
-                self._waiters.clear()
-            for waiter in waiters:
-                waiter.put(exc)
+            self._fail_waiters(exc)
+            self.scheduler.fail_control_calls(exc)
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        with self._lock:
+            waiters = list(self._waiters.values())
+            self._waiters.clear()
+        for waiter in waiters:
+            waiter.put(exc)
 
     def _on_tokens(self, batch: BatchTokenOut) -> None:
         for out in self.detokenizer.process(batch).outputs:
+            reason = out.delta.finish_reason
             with self._lock:
                 waiter = self._waiters.get(out.rid)
-                if waiter is not None and out.delta.finish_reason is not None:
+                if waiter is not None and reason is not None:
                     del self._waiters[out.rid]
             if waiter is not None:
                 waiter.put(out)
+            if reason is not None and reason.get("status_code", 0) >= 500:
+                self.scheduler.submit(AbortReq(rid=out.rid))  # failed after the scheduler: free its pages too
 
     # ----- requests -----------------------------------------------------------------------------------
 
-    def _prepare(
-        self,
-        prompt: str | list[str] | None,
-        sampling_params: dict | list[dict] | None,
-        input_ids: list[int] | list[list[int]] | None,
-    ) -> tuple[list[list[int]], list[SamplingParams], bool]:
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("pass exactly one of prompt and input_ids")
-        if prompt is not None:
-            batched = isinstance(prompt, list)
-            texts = prompt if batched else [prompt]
-            if not all(isinstance(t, str) for t in texts):
-                raise ValueError("prompt must be a string or a list of strings")
-            ids = [self.tokenizer.encode(t) for t in texts]
-        else:
-            batched = bool(input_ids) and isinstance(input_ids[0], list)
-            ids = [list(x) for x in input_ids] if batched else [list(input_ids)]
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != len(ids):
-                raise ValueError(f"{len(sampling_params)} sampling_params for {len(ids)} prompts")
-            params = [SamplingParams.from_dict(p) for p in sampling_params]
-        else:
-            params = [SamplingParams.from_dict(sampling_params)] * len(ids)
-        for one_ids, one_params in zip(ids, params):
-            self.scheduler.validate(one_ids, one_params)
-            if self.grammars is not None:
-                for kind, spec in self._grammar_of(one_params):
-                    self.grammars.validate(kind, spec)
-        return ids, params, batched
+    def _prepare(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: bool,
+                 logprob_start_len: int | None, top_logprobs_num: int | None) -> Prepared:
+        return prepare(prompt, sampling_params, input_ids, encode=self.tokenizer.encode, limits=self.scheduler.limits,
+                       return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                       top_logprobs_num=top_logprobs_num)
 
-    @staticmethod
-    def _grammar_of(params: SamplingParams) -> list[tuple[str, str]]:
-        if params.regex is not None:
-            return [("regex", params.regex)]
-        if params.json_schema is not None:
-            return [("json_schema", params.json_schema)]
-        if params.choices is not None:
-            import json
-
-            return [("choices", json.dumps(params.choices))]
-        return []
-
-    def _submit(
-        self,
-        ids: list[int],
-        params: SamplingParams,
-        return_logprob: bool,
-        logprob_start_len: int | None,
-        top_logprobs_num: int | None,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> tuple[str, _Waiter]:
+    def _check_alive(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"the scheduler thread died: {self._error!r}")
+            raise EngineDead(f"the scheduler thread died: {self._error!r}") from self._error
         if self._stopped:
-            raise RuntimeError("the engine is shut down")
-        rid = f"{uuid.uuid4().hex[:12]}-{next(self._counter)}"
-        top = top_logprobs_num or 0
-        waiter = _Waiter(ResponseBuilder(rid, return_logprob, top), loop)
-        grammar = self._grammar_of(params)
-        msg = GenerateReq(
-            rid=rid,
-            input_ids=ids,
-            params=params,
-            return_logprob=return_logprob,
-            logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-            top_logprobs_num=top,
-            grammar=grammar[0] if grammar else None,
-        )
-        with self._lock:
-            self._waiters[rid] = waiter
-        self.scheduler.submit(msg)
-        self._wake.set()
-        return rid, waiter
+            raise EngineDead("the engine is shut down")
 
-    def _expand(self, ids, params, return_logprob, logprob_start_len, top_logprobs_num, loop=None):
+    def _submit_all(self, prepared: Prepared, loop: asyncio.AbstractEventLoop | None = None
+                    ) -> list[tuple[str, _Waiter]]:
         """One submission per sample: n > 1 becomes n requests that share the prompt through the cache."""
-        out = []
-        for one_ids, one_params in zip(ids, params):
-            for i in range(one_params.n):
-                p = one_params
-                if p.n > 1:
-                    seed = None if p.seed is None else p.seed + i
-                    p = SamplingParams.from_dict({**_as_dict(p), "n": 1, "seed": seed})
-                out.append(self._submit(one_ids, p, return_logprob, logprob_start_len, top_logprobs_num, loop))
-        return out
+        self._check_alive()
+        submitted = []
+        for msg in expand(prepared, lambda: f"{uuid.uuid4().hex[:12]}-{next(self._counter)}"):
+            waiter = _Waiter(ResponseBuilder(msg.rid, msg.return_logprob, msg.top_logprobs_num), loop)
+            with self._lock:
+                self._waiters[msg.rid] = waiter
+            self.scheduler.submit(msg)
+            submitted.append((msg.rid, waiter))
+        self._wake.set()
+        return submitted
 
     def generate(
         self,
@@ -187,26 +158,35 @@ class Engine:
         top_logprobs_num: int | None = None,
         stream: bool = False,
     ) -> dict | list[dict] | Iterator[dict]:
-        ids, params, batched = self._prepare(prompt, sampling_params, input_ids)
-        submitted = self._expand(ids, params, return_logprob, logprob_start_len, top_logprobs_num)
+        prepared = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                 top_logprobs_num)
+        if stream and (prepared.batched or prepared.num_sequences != 1):
+            raise ValueError("stream=True takes one prompt with n=1")
+        submitted = self._submit_all(prepared)
         if stream:
             if len(submitted) != 1:
                 raise ValueError("stream=True takes one prompt with n=1")
             return self._stream(*submitted[0])
         results = [self._collect(rid, waiter) for rid, waiter in submitted]
-        return results if batched or len(results) > 1 else results[0]
+        return results if prepared.batched or len(results) > 1 else results[0]
 
     def _next(self, waiter: _Waiter, rid: str) -> StrDelta:
         while True:
             try:
-                item = waiter.queue.get(timeout=0.5)
+                item = waiter.queue.get(timeout=POLL_SECONDS)
             except queue.Empty:
-                if self._error is not None:
-                    raise RuntimeError(f"the scheduler thread died: {self._error!r}") from self._error
+                self._check_running()
                 continue
             if isinstance(item, BaseException):
-                raise RuntimeError(f"the scheduler thread died: {item!r}") from item
+                raise EngineDead(f"the scheduler thread died: {item!r}") from item
             return item
+
+    def _check_running(self) -> None:
+        """Raise once no step will ever come: the thread died, or it was shut down."""
+        if self._error is not None:
+            raise EngineDead(f"the scheduler thread died: {self._error!r}") from self._error
+        if not self._thread.is_alive():
+            raise EngineDead("the engine is shut down")
 
     def _collect(self, rid: str, waiter: _Waiter) -> dict:
         try:
@@ -228,11 +208,8 @@ class Engine:
 
     @staticmethod
     def _result(builder: ResponseBuilder) -> dict:
-        result = builder.to_dict()
-        reason = result["meta_info"]["finish_reason"]
-        if reason and reason.get("type") == "abort" and reason.get("message") not in (None, "aborted"):
-            raise ValueError(reason["message"])
-        return result
+        raise_for_finish(builder)
+        return builder.to_dict()
 
     async def async_generate(
         self,
@@ -245,20 +222,28 @@ class Engine:
         stream: bool = False,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         loop = asyncio.get_running_loop()
-        ids, params, batched = self._prepare(prompt, sampling_params, input_ids)
-        submitted = self._expand(ids, params, return_logprob, logprob_start_len, top_logprobs_num, loop)
+        prepared = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+                                 top_logprobs_num)
+        if stream and (prepared.batched or prepared.num_sequences != 1):
+            raise ValueError("stream=True takes one prompt with n=1")
+        submitted = self._submit_all(prepared, loop)
         if stream:
             if len(submitted) != 1:
                 raise ValueError("stream=True takes one prompt with n=1")
             return self._astream(*submitted[0])
         results = [await self._acollect(rid, waiter) for rid, waiter in submitted]
-        return results if batched or len(results) > 1 else results[0]
+        return results if prepared.batched or len(results) > 1 else results[0]
 
     async def _anext(self, waiter: _Waiter) -> StrDelta:
-        item = await waiter.queue.get()
-        if isinstance(item, BaseException):
-            raise RuntimeError(f"the scheduler thread died: {item!r}") from item
-        return item
+        while True:
+            try:
+                item = await asyncio.wait_for(waiter.queue.get(), POLL_SECONDS)
+            except asyncio.TimeoutError:
+                self._check_running()
+                continue
+            if isinstance(item, BaseException):
+                raise EngineDead(f"the scheduler thread died: {item!r}") from item
+            return item
 
     async def _acollect(self, rid: str, waiter: _Waiter) -> dict:
         try:
@@ -291,13 +276,17 @@ class Engine:
         return bool(self._call(self.scheduler.flush_cache))
 
     def _call(self, fn):
-        """Run ``fn`` on the scheduler thread between steps and return its result."""
+        """Run ``fn`` on the scheduler thread between steps and return its result (or raise its error)."""
         from radixrt.scheduler.scheduler import ControlCall
 
+        self._check_alive()
         call = ControlCall(fn)
         self.scheduler.submit(call)
         self._wake.set()
-        call.done.wait()
+        while not call.done.wait(POLL_SECONDS):
+            self._check_running()
+        if call.error is not None:
+            raise call.error
         return call.result
 
     def get_model_info(self) -> dict[str, Any]:
@@ -309,10 +298,13 @@ class Engine:
         return msgspec.structs.asdict(self._call(self.scheduler.stats))
 
     def shutdown(self) -> None:
+        """Stop the scheduler thread (after its current step); calls still waiting raise EngineDead."""
         self._stopped = True
         self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=30)
+        _LIVE_ENGINES.discard(self)
+        self._fail_waiters(EngineDead("the engine is shut down"))
 
     def __enter__(self) -> "Engine":
         return self
@@ -321,7 +313,8 @@ class Engine:
         self.shutdown()
 
 
-def _as_dict(params: SamplingParams) -> dict[str, Any]:
-    import msgspec
-
-    return msgspec.structs.asdict(params)
+@atexit.register
+def _shutdown_live_engines() -> None:
+    """A script that ends without shutdown(): stop the scheduler threads before the interpreter tears down."""
+    for engine in list(_LIVE_ENGINES):
+        engine.shutdown()

@@ -45,7 +45,8 @@ class Req:
     arrival: float = 0.0
 
     @classmethod
-    def from_message(cls, msg: GenerateReq, default_seed: int) -> "Req":
+    def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu") -> "Req":
+        """``drawn_seed`` seeds a sampled request that brings no seed of its own."""
         req = cls(
             rid=msg.rid,
             prompt_ids=list(msg.input_ids),
@@ -57,8 +58,8 @@ class Req:
         )
         if not msg.params.greedy:
             # Every sampled request draws from its own generator, so its tokens do not depend on the batch.
-            seed = msg.params.seed if msg.params.seed is not None else hash((default_seed, msg.rid)) & 0x7FFFFFFF
-            req.generator = torch.Generator().manual_seed(seed)
+            seed = msg.params.seed if msg.params.seed is not None else drawn_seed
+            req.generator = torch.Generator(device=device).manual_seed(seed)
         return req
 
     @property

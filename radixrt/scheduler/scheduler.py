@@ -2,6 +2,12 @@
 
 Page ownership follows the radix cache's rule: a page's single reference belongs to the tree or to the one
 request that allocated it. A running request reads tree pages under a lock on its deepest cached node.
+
+Faults stay with the request they belong to. A request that cannot be served is refused when it arrives;
+an error while handling one request's output (logprobs, penalties, grammar, stop strings, sampling) finishes
+that request with a 500-coded abort and frees its pages; an error in a batch's forward does the same for the
+batch's requests. Only a forward that keeps failing (MAX_FORWARD_FAILURES batches in a row: the model can no
+longer run) or a broken page invariant escapes ``step()``, and then the caller must stop serving.
 """
 
 from __future__ import annotations
@@ -9,6 +15,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
+import threading
 import time
 from collections import deque
 from typing import Callable
@@ -26,7 +34,7 @@ from radixrt.sampling.params import SamplingParams
 from radixrt.sampling.sampler import SamplingBatch, sample
 from radixrt.scheduler.policy import POLICIES, order_waiting
 from radixrt.scheduler.request import Req
-from radixrt.scheduler.validation import RequestError, validate_request
+from radixrt.scheduler.validation import ModelLimits, RequestError, validate_request
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.scheduler")
@@ -44,17 +52,34 @@ DEDUP_MIN_TOKENS = 32
 # sent are ever dropped, so a constrained request's last JUMP_FORWARD_HOLD tokens are held back from
 # emission until they are final (or the request finishes): the detokenizer only ever sees final tokens.
 JUMP_FORWARD_HOLD = 4
+# Forward failures in a row after which the model is taken to be unable to run (the step raises ModelFailure).
+MAX_FORWARD_FAILURES = 3
+
+
+class ModelFailure(RuntimeError):
+    """The model's forward keeps failing: the runtime cannot serve any request."""
+
+
+def error_reason(message: str, status_code: int) -> dict:
+    """The finish reason of a request that ended in error (SGLang's abort, with an HTTP status code)."""
+    return {"type": "abort", "message": message, "status_code": status_code}
 
 
 class ControlCall:
     """A function the scheduler runs between steps, on its own thread (flush, stats snapshots)."""
 
     def __init__(self, fn: Callable[[], object]) -> None:
-        import threading
-
         self.fn = fn
         self.result: object = None
+        self.error: BaseException | None = None
         self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except Exception as exc:
+            self.error = exc
+        self.done.set()
 
 
 class Scheduler:
@@ -98,13 +123,24 @@ class Scheduler:
         self.miss_tokens = 0  # prompt tokens computed
         self.jump_forwards = 0
         self.jump_forward_tokens = 0
+        self.forward_failures = 0  # in a row
+        self.failed_requests = 0  # finished with a server error
+        # Requests without a seed of their own draw one here in arrival order: the same requests in the same
+        # order sample the same tokens run after run.
+        self._seeds = random.Random(args.random_seed)
+        self._admitted_this_step: set[int] = set()
 
     # ----- intake -------------------------------------------------------------------------------------
 
-    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
+    @property
+    def limits(self) -> ModelLimits:
+        return ModelLimits(vocab_size=self.vocab_size, context_length=self.context_length,
+                           page_size=self.page_size, num_pages=self.pool.num_pages)
+
+    def validate(self, msg: GenerateReq) -> None:
         """Raise RequestError for a request that can never be served. Safe to call from any thread."""
-        validate_request(input_ids, params, vocab_size=self.vocab_size, context_length=self.context_length,
-                         page_size=self.page_size, num_pages=self.pool.num_pages)
+        validate_request(msg.input_ids, msg.params, self.limits, return_logprob=msg.return_logprob,
+                         logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num)
 
     def submit(self, msg: GenerateReq | AbortReq | FlushCacheReq | ControlCall) -> None:
         """Thread-safe: messages are taken in at the start of the next step."""
@@ -120,27 +156,46 @@ class Scheduler:
             elif isinstance(msg, FlushCacheReq):
                 self.flush_cache()
             elif isinstance(msg, ControlCall):
-                msg.result = msg.fn()
+                msg.run()
+
+    def fail_control_calls(self, error: BaseException) -> None:
+        """The step loop is gone: answer every queued control call with ``error``."""
+        while self.inbox:
+            msg = self.inbox.popleft()
+            if isinstance(msg, ControlCall):
+                msg.error = error
                 msg.done.set()
 
     def _add_request(self, msg: GenerateReq) -> None:
-        req = Req.from_message(msg, self.args.seed)
-        req.arrival = time.monotonic()
+        seed = self._seeds.getrandbits(63)
         try:
-            self.validate(req.prompt_ids, req.params)
+            self.validate(msg)
+            req = Req.from_message(msg, seed, self.runner.device)
         except RequestError as exc:
-            self._finish(req, {"type": "abort", "message": str(exc)})
+            self._refuse(msg, error_reason(str(exc), 400))
+            return
+        except Exception as exc:  # e.g. a seed the generator refuses: this request's error only
+            logger.exception("could not take in request %s", msg.rid)
+            self._refuse(msg, error_reason(f"invalid request: {exc!r}", 400))
+            return
+        req.arrival = time.monotonic()
+        if msg.grammar is not None and self.grammars is None:
+            self._finish(req, error_reason("constrained decoding is not available", 400))
             self._emit([req])
             return
-        if req.params.stop:
-            req.stop_text = TextStream(self.tokenizer, req.params.stop, req.params.skip_special_tokens)
-        if msg.grammar is not None:
-            if self.grammars is None:
-                self._finish(req, {"type": "abort", "message": "constrained decoding is not available"})
-                self._emit([req])
-                return
-            req.grammar_future = self.grammars.compile_async(*msg.grammar)
+        try:
+            if req.params.stop:
+                req.stop_text = TextStream(self.tokenizer, req.params.stop, req.params.skip_special_tokens)
+            if msg.grammar is not None:
+                req.grammar_future = self.grammars.compile_async(*msg.grammar)
+        except Exception as exc:
+            self._fail(req, exc, "preparing the request")
+            return
         self.waiting.append(req)
+
+    def _refuse(self, msg: GenerateReq, reason: dict) -> None:
+        self.sink(BatchTokenOut([ReqDelta(rid=msg.rid, new_ids=[], finish_reason=reason,
+                                          prompt_tokens=len(msg.input_ids))]))
 
     def _abort(self, rid: str) -> None:
         for queue in (self.waiting, self.running):
@@ -148,7 +203,7 @@ class Scheduler:
                 if req.rid == rid:
                     queue.remove(req)
                     self._release(req)
-                    self._finish(req, {"type": "abort", "message": "aborted"})
+                    self._finish(req, {"type": "abort", "message": "aborted", "status_code": 499})
                     self._emit([req])
                     return
 
@@ -175,14 +230,21 @@ class Scheduler:
         if not plan:
             return had_messages
         plan = self._reserve_pages(plan)
-        batch = ForwardBatch.build(
-            [SeqChunk(req.fill_ids[req.num_computed : req.num_computed + n], req.num_computed, req.pages,
-                      self._logits_from(req, n)) for req, n in plan],
-            self.page_size,
-            self.runner.device,
-        )
+        if not plan:  # every planned request was retracted: their room is freed, the next step plans again
+            return True
         forward_started = time.perf_counter()
-        logits = self.runner.forward(batch)
+        try:
+            batch = ForwardBatch.build(
+                [SeqChunk(req.fill_ids[req.num_computed : req.num_computed + n], req.num_computed, req.pages,
+                          self._logits_from(req, n)) for req, n in plan],
+                self.page_size,
+                self.runner.device,
+            )
+            logits = self.runner.forward(batch)
+        except Exception as exc:
+            self._fail_batch(plan, exc)
+            return True
+        self.forward_failures = 0
         self.forward_seconds = time.perf_counter() - forward_started
         self._process(plan, logits.split(batch.logits_counts))
         self.steps += 1
@@ -218,7 +280,7 @@ class Scheduler:
             m = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False)
             matches[req.rid] = (m.num_tokens + m.partial_tokens, m.node)
         budget = self.args.chunked_prefill_size
-        available = self.pool.num_free + self.cache.evictable_pages - sum(self._future_pages(r) for r in self.running)
+        committed = sum(self._future_pages(r) for r in self.running)  # pages promised, not yet allocated
         admitted: list[Req] = []
         for req in order_waiting(self.args.schedule_policy, ready, matches):
             if budget <= 0 or len(self.running) >= self.args.max_running_requests:
@@ -231,6 +293,8 @@ class Scheduler:
             reserve = math.ceil(
                 max(req.params.max_new_tokens - len(req.output_ids), 0) * self.new_token_ratio / self.page_size
             )
+            # Measured after the lock: the matched pages are no longer evictable, so they are not room.
+            available = self.pool.num_free + self.cache.evictable_pages - committed
             if need + reserve > available and (self.running or admitted):
                 self.cache.unlock(match.node)
                 break
@@ -248,13 +312,13 @@ class Scheduler:
                 req.cached_tokens = req.num_computed
                 self.hit_tokens += req.num_computed
                 self.miss_tokens += len(req.prompt_ids) - req.num_computed
-            available -= need + reserve
+            committed += need + reserve
             budget -= req.num_to_compute
             admitted.append(req)
             self.running.append(req)
+        self._admitted_this_step = {id(r) for r in admitted}
         if admitted:
-            admitted_ids = {id(r) for r in admitted}
-            self.waiting = [r for r in self.waiting if id(r) not in admitted_ids]
+            self.waiting = [r for r in self.waiting if id(r) not in self._admitted_this_step]
 
     def _shares_uncached_prefix(self, req: Req, admitted: list[Req], cached: int) -> bool:
         if self.cache.disabled:
@@ -279,9 +343,12 @@ class Scheduler:
             return False
         error = future.exception()
         if error is None:
-            req.grammar = future.result().matcher()
-            return False
-        self._finish(req, {"type": "abort", "message": f"invalid grammar: {error}"})
+            try:
+                req.grammar = future.result().matcher()
+                return False
+            except Exception as exc:
+                error = exc
+        self._finish(req, error_reason(f"invalid grammar: {error}", 400))
         self._emit([req])
         return True
 
@@ -318,9 +385,12 @@ class Scheduler:
             self.cache.evict(short)
             short = self._pages_short(plan)
         while short > 0:
-            victim = min(self.running, key=lambda r: (len(r.output_ids), -r.arrival))
             if len(self.running) == 1:
                 raise OutOfPagesError("a single request does not fit in the KV pool")  # prevented by validate()
+            # The fewest outputs lose the least work; a request admitted this step goes last, since its
+            # admission counted on the room.
+            victim = min(self.running, key=lambda r: (id(r) in self._admitted_this_step, len(r.output_ids),
+                                                      -r.arrival))
             self._retract(victim)
             plan = [(r, n) for r, n in plan if r is not victim]
             self.cache.evict(max(self._pages_short(plan), 0))
@@ -380,30 +450,88 @@ class Scheduler:
                 return max(first_position - req.num_computed, 0)
         return n - 1
 
+    def _fail_batch(self, plan: list[tuple[Req, int]], error: Exception) -> None:
+        """The forward of this batch failed: its requests end with a server error, the others go on."""
+        self.forward_failures += 1
+        logger.error("the forward of a batch of %d requests failed (%d in a row): %r", len(plan),
+                     self.forward_failures, error, exc_info=error)
+        if self.forward_failures >= MAX_FORWARD_FAILURES:
+            raise ModelFailure(f"the model's forward failed {self.forward_failures} times in a row; "
+                               f"last error: {error!r}") from error
+        for req, _ in plan:
+            self._error_finish(req, error, "running the model's forward")
+            self.running.remove(req)
+            self._release(req)
+        self._emit([req for req, _ in plan])
+
+    def _error_finish(self, req: Req, error: Exception, doing: str) -> None:
+        if req.finished:
+            return
+        if not isinstance(error, ModelFailure):
+            logger.error("request %s failed while %s: %r", req.rid, doing, error, exc_info=error)
+        self.failed_requests += 1
+        self._finish(req, error_reason(f"internal error while {doing}: {error!r}", 500))
+
+    def _fail(self, req: Req, error: Exception, doing: str) -> None:
+        """A request not queued yet fails: finish it with a server error and tell its client."""
+        self._error_finish(req, error, doing)
+        self._emit([req])
+
+    def _advance(self, req: Req, n: int, rows: torch.Tensor) -> bool:
+        """Account for ``n`` computed tokens of ``req``; True when its next token is to be sampled now."""
+        start = req.num_computed
+        if req.wants_prompt_logprobs:
+            self._collect_prompt_logprobs(req, start, n, rows)
+        req.num_computed += n
+        if n > 1 and start < len(req.prompt_ids):  # a prefill chunk (not a jump-forward extend)
+            self._cache_prefix(req)
+        if req.num_computed < req.total_len:
+            return False  # a prefill chunk that does not reach the end yet
+        if req.params.max_new_tokens == 0:  # prompt only: logprobs, or prefilling a shared prefix
+            self._finish(req, {"type": "length", "matched": None})
+            return False
+        return True
+
+    def _sample_each(self, reqs: list[Req], rows: list[torch.Tensor]) -> list[int | None]:
+        """Sample the batch at once; if that fails, one request at a time, so only the culprits fail."""
+        try:
+            return list(self._sample(reqs, torch.stack(rows)))
+        except Exception as batch_error:
+            logger.warning("sampling a batch of %d failed (%r); sampling its requests one by one", len(reqs),
+                           batch_error)
+        tokens: list[int | None] = []
+        for req, row in zip(reqs, rows):
+            try:
+                tokens.append(self._sample([req], row[None])[0])
+            except Exception as exc:
+                self._error_finish(req, exc, "sampling")
+                tokens.append(None)
+        return tokens
+
+    def _take_token(self, req: Req, token: int) -> None:
+        req.output_ids.append(token)
+        self._check_finish(req, token)
+        if not req.finished and req.grammar is not None:
+            self._jump_forward(req)
+
     def _process(self, plan: list[tuple[Req, int]], logits_rows: tuple[torch.Tensor, ...]) -> None:
         samplers: list[Req] = []
         last_rows: list[torch.Tensor] = []
         for (req, n), rows in zip(plan, logits_rows):
-            start = req.num_computed
-            if req.wants_prompt_logprobs:
-                self._collect_prompt_logprobs(req, start, n, rows)
-            req.num_computed += n
-            if n > 1 and start < len(req.prompt_ids):  # a prefill chunk (not a jump-forward extend)
-                self._cache_prefix(req)
-            if req.num_computed < req.total_len:
-                continue  # a prefill chunk that does not reach the end yet
-            if req.params.max_new_tokens == 0:  # prompt only: logprobs, or prefilling a shared prefix
-                self._finish(req, {"type": "length", "matched": None})
-            else:
-                samplers.append(req)
-                last_rows.append(rows[-1])
+            try:
+                if self._advance(req, n, rows):
+                    samplers.append(req)
+                    last_rows.append(rows[-1])
+            except Exception as exc:
+                self._error_finish(req, exc, "reading its logits")
         if samplers:
-            next_ids = self._sample(samplers, torch.stack(last_rows))
-            for req, token in zip(samplers, next_ids):
-                req.output_ids.append(token)
-                self._check_finish(req, token)
-                if not req.finished and req.grammar is not None:
-                    self._jump_forward(req)
+            for req, token in zip(samplers, self._sample_each(samplers, last_rows)):
+                if token is None:
+                    continue
+                try:
+                    self._take_token(req, token)
+                except Exception as exc:
+                    self._error_finish(req, exc, "checking its output")
         progressed = [req for req, _ in plan if req.num_computed == req.total_len - 1 or req.finished]
         for req in progressed:
             if req.finished:
@@ -424,7 +552,7 @@ class Scheduler:
                 if max(req.logprob_start_len - 1, 0) <= q < prompt_len - 1 and q + 1 >= req.logprob_start_len]
         if not keep:
             return
-        targets = torch.tensor([req.prompt_ids[positions[i] + 1] for i in keep])
+        targets = torch.tensor([req.prompt_ids[positions[i] + 1] for i in keep], device=rows.device)
         logprobs = torch.log_softmax(rows[keep].float(), dim=-1)
         chosen, top = token_logprobs(logprobs, targets, req.top_logprobs_num)
         req.input_logprobs.extend(zip(chosen, targets.tolist()))
@@ -497,7 +625,7 @@ class Scheduler:
     def _check_finish(self, req: Req, token: int) -> None:
         params = req.params
         if req.grammar is not None and not req.grammar.accept_token(token):
-            self._finish(req, {"type": "abort", "message": f"constrained decoding: the grammar rejected token {token}"})
+            self._finish(req, error_reason(f"constrained decoding: the grammar rejected token {token}", 500))
             return
         if token in (params.stop_token_ids or []) or (token in self.eos_ids and not params.ignore_eos):
             self._finish(req, {"type": "stop", "matched": token})

@@ -1,8 +1,8 @@
 """The HTTP process's side of the runtime: tokenize, validate, submit over ZMQ, and gather text deltas.
 
-Requests are validated here with the scheduler's own code (radixrt.scheduler.validation and
-SamplingParams), using the limits the scheduler process reports in its startup handshake, so a bad request
-is answered 400 without a round trip and with the same message the in-process Engine gives.
+Requests are prepared and validated here by the Engine's own request path (radixrt.requests), using the
+limits the scheduler process reports in its startup handshake, so a bad request is answered 400 without a
+round trip and with the same message the in-process Engine gives.
 Each request's deltas fold into a ResponseBuilder (the Engine's, so /generate returns the Engine's dict).
 """
 
@@ -20,21 +20,20 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from radixrt.engine import Engine, _as_dict
 from radixrt.messages import (
     AbortReq,
     BatchStrOut,
     DetokenizerReady,
     FlushCacheOut,
     FlushCacheReq,
-    GenerateReq,
     SchedulerReady,
     StatsOut,
     StatsReq,
 )
 from radixrt.output import ResponseBuilder
+from radixrt.requests import Prepared, expand, params_from, prepare
 from radixrt.sampling.params import SamplingParams
-from radixrt.scheduler.validation import RequestError, validate_request
+from radixrt.scheduler.validation import ModelLimits, RequestError, validate_request
 from radixrt.server.ipc import ENCODER, IpcPaths, TokenizerInbound, decoder
 from radixrt.server.metrics import Metrics
 from radixrt.server_args import ServerArgs
@@ -67,12 +66,21 @@ class ReqState:
     def finished(self) -> bool:
         return self.builder.finished or self.error is not None
 
-    def request_error(self) -> str | None:
-        """The message of an abort that the runtime raised for a bad request (Engine raises ValueError)."""
+    def _error_reason(self) -> dict | None:
         reason = self.builder.meta.get("finish_reason")
         if reason and reason.get("type") == "abort" and reason.get("message") not in (None, "aborted"):
-            return reason["message"]
+            return reason
         return None
+
+    def request_error(self) -> str | None:
+        """The message of an abort that the runtime raised for a bad request (Engine raises ValueError)."""
+        reason = self._error_reason()
+        return reason["message"] if reason and reason.get("status_code", 400) < 500 else None
+
+    def server_error(self) -> str | None:
+        """The message of a failure inside the runtime while serving this request (HTTP 500)."""
+        reason = self._error_reason()
+        return reason["message"] if reason and reason.get("status_code", 400) >= 500 else None
 
 
 class TokenizerManager:
@@ -164,6 +172,8 @@ class TokenizerManager:
             if state.builder.finished:
                 del self.states[out.rid]
                 self._count_finished(state, now)
+                if state.server_error() is not None:  # failed after the scheduler (detokenizer): free its pages
+                    self.to_scheduler.send(ENCODER.encode(AbortReq(rid=out.rid)))
             if id(state.event) not in touched:
                 touched.add(id(state.event))
                 state.event.set()
@@ -172,7 +182,7 @@ class TokenizerManager:
         m = self.metrics
         meta = state.builder.meta
         reason = (meta.get("finish_reason") or {}).get("type")
-        if state.request_error() is not None:
+        if state.request_error() is not None or state.server_error() is not None:
             m.requests_failed += 1
             return
         if reason == "abort":
@@ -218,51 +228,28 @@ class TokenizerManager:
             self._token_text_cache[token_id] = text
         return text
 
-    def validate(self, ids: list[int], params: SamplingParams) -> None:
+    @property
+    def limits(self) -> ModelLimits:
         r = self.ready
-        validate_request(ids, params, vocab_size=r.vocab_size, context_length=r.context_length,
-                         page_size=r.page_size, num_pages=r.num_pages)
-        from radixrt.server.structured import validate_grammar
+        return ModelLimits(vocab_size=r.vocab_size, context_length=r.context_length, page_size=r.page_size,
+                           num_pages=r.num_pages)
 
-        for kind, spec in Engine._grammar_of(params):
-            validate_grammar(kind, spec)
+    def validate(self, ids: list[int], params: SamplingParams) -> None:
+        validate_request(ids, params, self.limits)
 
-    def prepare(self, prompt, sampling_params, input_ids) -> tuple[list[list[int]], list[SamplingParams], bool]:
-        """Engine._prepare's rules: exactly one of text and input_ids; one params dict or one per prompt."""
-        if (prompt is None) == (input_ids is None):
-            raise RequestError("pass exactly one of text and input_ids")
-        if prompt is not None:
-            batched = isinstance(prompt, list)
-            texts = prompt if batched else [prompt]
-            if not texts or not all(isinstance(t, str) for t in texts):
-                raise RequestError("text must be a string or a non-empty list of strings")
-            ids = [self.encode(t) for t in texts]
-        else:
-            if not isinstance(input_ids, list):
-                raise RequestError("input_ids must be a list of token ids or a list of such lists")
-            batched = bool(input_ids) and isinstance(input_ids[0], list)
-            ids = [list(x) for x in input_ids] if batched else [list(input_ids)]
-            for one in ids:
-                if not all(isinstance(t, int) and not isinstance(t, bool) for t in one):
-                    raise RequestError("input_ids must be a list of token ids or a list of such lists")
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != len(ids):
-                raise RequestError(f"{len(sampling_params)} sampling_params for {len(ids)} prompts")
-            params = [self.params_from_dict(p) for p in sampling_params]
-        else:
-            params = [self.params_from_dict(sampling_params)] * len(ids)
-        for one_ids, one_params in zip(ids, params):
-            self.validate(one_ids, one_params)
-        return ids, params, batched
+    def prepare(self, prompt, sampling_params, input_ids, return_logprob: bool = False,
+                logprob_start_len: int | None = None, top_logprobs_num: int | None = None
+                ) -> tuple[list[list[int]], list[SamplingParams], bool]:
+        """The Engine's rules (radixrt.requests.prepare): exactly one of text and input_ids; one params dict or
+        one per prompt; every sequence validated with its logprob options."""
+        p = prepare(prompt, sampling_params, input_ids, encode=self.encode, limits=self.limits,
+                    return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                    top_logprobs_num=top_logprobs_num)
+        return p.ids, p.params, p.batched
 
     @staticmethod
     def params_from_dict(values: Any) -> SamplingParams:
-        if values is not None and not isinstance(values, dict):
-            raise RequestError("sampling_params must be an object")
-        try:
-            return SamplingParams.from_dict(values)
-        except ValueError as exc:
-            raise RequestError(str(exc)) from None
+        return params_from(values)
 
     # ----- submitting ---------------------------------------------------------------------------------
 
@@ -280,38 +267,20 @@ class TokenizerManager:
     def submit_all(self, ids: list[list[int]], params: list[SamplingParams], return_logprob: bool = False,
                    logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
                    rids: list[str] | None = None) -> list[ReqState]:
-        """One submission per sample (Engine._expand): n > 1 becomes n requests sharing the prompt's cache."""
-        jobs: list[tuple[list[int], SamplingParams]] = []
-        for one_ids, p in zip(ids, params):
-            for i in range(p.n):
-                q = p
-                if p.n > 1:
-                    seed = None if p.seed is None else p.seed + i
-                    q = SamplingParams.from_dict({**_as_dict(p), "n": 1, "seed": seed})
-                jobs.append((one_ids, q))
-        if rids is not None:
-            if len(rids) != len(jobs):
-                raise RequestError(f"{len(rids)} rids for {len(jobs)} requests")
-            if len(set(rids)) != len(rids) or any(r in self.states for r in rids):
-                raise RequestError("rid must be unique among the requests in flight")
-        self.check_capacity(len(jobs))
+        """One submission per sample (radixrt.requests.expand): n > 1 becomes n requests sharing the prompt."""
+        prepared = Prepared(ids, params, False, return_logprob, logprob_start_len, top_logprobs_num)
+        for one_ids, one_params in zip(ids, params):
+            validate_request(one_ids, one_params, self.limits, return_logprob=return_logprob,
+                             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
+        messages = expand(prepared, lambda: f"{uuid.uuid4().hex[:12]}-{next(self._counter)}", rids)
+        if rids is not None and any(r in self.states for r in rids):
+            raise RequestError("rid must be unique among the requests in flight")
+        self.check_capacity(len(messages))
         event = asyncio.Event()
         states = []
-        for i, (one_ids, q) in enumerate(jobs):
-            rid = rids[i] if rids is not None else f"{uuid.uuid4().hex[:12]}-{next(self._counter)}"
-            top = top_logprobs_num or 0
-            grammar = Engine._grammar_of(q)
-            msg = GenerateReq(
-                rid=rid,
-                input_ids=one_ids,
-                params=q,
-                return_logprob=return_logprob,
-                logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-                top_logprobs_num=top,
-                grammar=grammar[0] if grammar else None,
-            )
-            state = ReqState(rid, ResponseBuilder(rid, return_logprob, top), event, i)
-            self.states[rid] = state
+        for i, msg in enumerate(messages):
+            state = ReqState(msg.rid, ResponseBuilder(msg.rid, return_logprob, msg.top_logprobs_num), event, i)
+            self.states[msg.rid] = state
             self.to_scheduler.send(ENCODER.encode(msg))
             states.append(state)
         self.metrics.requests_received += len(states)

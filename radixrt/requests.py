@@ -1,0 +1,107 @@
+"""One request path: a client's generation call (Engine keywords or an HTTP body) -> validated GenerateReqs.
+
+``prepare`` takes exactly one of text and input_ids (one prompt or a batch), one sampling-params dict or one per
+prompt, and the logprob options; it checks every sequence with ``validate_request`` before anything is queued.
+``expand`` turns each prompt into ``n`` messages (n > 1: seeds seed, seed+1, ...; the copies share the prompt
+through the prefix cache). Torch-free: the HTTP process runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import msgspec
+
+from radixrt.messages import GenerateReq
+from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.validation import ModelLimits, RequestError, grammar_of, validate_request
+
+
+@dataclass
+class Prepared:
+    ids: list[list[int]]
+    params: list[SamplingParams]
+    batched: bool  # the caller passed a list of prompts (and gets a list back)
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+
+    @property
+    def num_sequences(self) -> int:
+        return sum(p.n for p in self.params)
+
+
+def params_from(values: Any) -> SamplingParams:
+    """SamplingParams from a JSON-like dict (SGLang's field names); RequestError on anything else."""
+    if values is not None and not isinstance(values, dict):
+        raise RequestError("sampling_params must be an object")
+    try:
+        return SamplingParams.from_dict(values)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def _token_ids(values: Any) -> list[int]:
+    if not isinstance(values, list) or not all(type(t) is int for t in values):
+        raise RequestError("input_ids must be a list of token ids or a list of such lists")
+    return list(values)
+
+
+def prepare(prompt: Any, sampling_params: Any, input_ids: Any, *, encode: Callable[[str], list[int]],
+            limits: ModelLimits, return_logprob: bool = False, logprob_start_len: int | None = None,
+            top_logprobs_num: int | None = None) -> Prepared:
+    if (prompt is None) == (input_ids is None):
+        raise RequestError("pass exactly one of text and input_ids")
+    if prompt is not None:
+        batched = isinstance(prompt, list)
+        texts = prompt if batched else [prompt]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise RequestError("text must be a string or a non-empty list of strings")
+        ids = [encode(t) for t in texts]
+    else:
+        if not isinstance(input_ids, list):
+            raise RequestError("input_ids must be a list of token ids or a list of such lists")
+        batched = bool(input_ids) and isinstance(input_ids[0], list)
+        ids = [_token_ids(x) for x in input_ids] if batched else [_token_ids(input_ids)]
+        if not ids:
+            raise RequestError("input_ids must not be empty")
+    if isinstance(sampling_params, list):
+        if len(sampling_params) != len(ids):
+            raise RequestError(f"{len(sampling_params)} sampling_params for {len(ids)} prompts")
+        params = [params_from(p) for p in sampling_params]
+    else:
+        params = [params_from(sampling_params)] * len(ids)
+    prepared = Prepared(ids, params, batched, return_logprob, logprob_start_len, top_logprobs_num)
+    for one_ids, one_params in zip(ids, params):
+        validate_request(one_ids, one_params, limits, return_logprob=return_logprob,
+                         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
+    return prepared
+
+
+def expand(prepared: Prepared, new_rid: Callable[[], str], rids: list[str] | None = None) -> list[GenerateReq]:
+    """One GenerateReq per sample, in prompt order; ``rids`` (one per sample) replaces generated ids."""
+    messages: list[GenerateReq] = []
+    for one_ids, p in zip(prepared.ids, prepared.params):
+        for i in range(p.n):
+            q = p
+            if p.n > 1:
+                seed = None if p.seed is None else p.seed + i
+                q = msgspec.structs.replace(p, n=1, seed=seed)
+            messages.append(GenerateReq(
+                rid="",
+                input_ids=one_ids,
+                params=q,
+                return_logprob=prepared.return_logprob,
+                logprob_start_len=-1 if prepared.logprob_start_len is None else prepared.logprob_start_len,
+                top_logprobs_num=prepared.top_logprobs_num or 0,
+                grammar=grammar_of(q),
+            ))
+    if rids is not None:
+        if len(rids) != len(messages):
+            raise RequestError(f"{len(rids)} rids for {len(messages)} requests")
+        if len(set(rids)) != len(rids):
+            raise RequestError("rid must be unique among the requests in flight")
+    for i, msg in enumerate(messages):
+        msg.rid = rids[i] if rids is not None else new_rid()
+    return messages
