@@ -93,7 +93,7 @@ def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
         shift[rows] = shared
         groups.append(SharedGroup(rows=rows, pages=table[rows[0], :shared].clone()))
     own_pages = num_pages - shift
-    columns = shift[:, None] + torch.arange(int(own_pages.max()))[None, :]
+    columns = shift[:, None] + torch.arange(int(own_pages.max()), device=table.device)[None, :]
     pages = torch.gather(table, 1, columns.clamp(max=table.shape[1] - 1))
     own_lens = lens - shift * page_size
     _, allowed = decode_metadata(pages, own_lens, 0, page_size)
@@ -192,7 +192,7 @@ def plan_extend(page_table: torch.Tensor, prefix_lens: torch.Tensor, extend_lens
     for rows, shared in _shared_groups(table.cpu(), limits, min_shared_pages):
         for r in rows.tolist():
             shift[r] = shared
-        groups.append(SharedGroup(rows=rows.to(table.device), pages=table[rows[0], :shared].clone()))
+        groups.append(SharedGroup(rows=rows.to(table.device), pages=table[int(rows[0]), :shared].clone()))
         group_tokens.append(torch.cat([torch.arange(int(starts[r]), int(starts[r] + extend[r])) for r in rows]))
     in_group = torch.tensor([n > 0 for n in shift], dtype=torch.bool)
     alone = torch.nonzero(~in_group).flatten()

@@ -3,9 +3,14 @@
 Importing this module imports triton, so only the kernel modules import it (never ``triton_ops`` at
 module level). ``TRITON_INTERPRET=1`` must be set before the kernel modules are imported for the
 interpreter to take effect: ``triton_ops`` does that when no CUDA device exists.
+
+On a GPU the kernels autotune (each new shape key compiles and times every config, a few seconds);
+``RADIXRT_TRITON_AUTOTUNE=0``, read at import, launches one fixed config instead (quick checks).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -14,11 +19,14 @@ import triton.language as tl  # noqa: F401  (re-exported for the kernel modules)
 INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 # Autotuning benchmarks configs on a real device; the interpreter can run neither the timer nor the configs.
 HAS_GPU_DRIVER: bool = (not INTERPRET) and torch.cuda.is_available()
+AUTOTUNE_ENV = "RADIXRT_TRITON_AUTOTUNE"
+AUTOTUNE: bool = HAS_GPU_DRIVER and os.environ.get(AUTOTUNE_ENV, "1") != "0"
 
 
 def autotune(configs: list, key: list[str]):
-    """``triton.autotune`` where a GPU driver exists, else the identity (launchers then pass defaults)."""
-    if HAS_GPU_DRIVER:
+    """``triton.autotune`` where a GPU driver exists and autotuning is on, else the identity (launchers then
+    pass fixed tiles)."""
+    if AUTOTUNE:
         return triton.autotune(configs=configs, key=key)
     return lambda fn: fn
 

@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from radixrt.kernels.triton_common import HAS_GPU_DRIVER, autotune, dot_in_fp32, next_pow2, tl, triton
+from radixrt.kernels.triton_common import AUTOTUNE, autotune, dot_in_fp32, next_pow2, tl, triton
 
 LOG2E = 1.4426950408889634
 SPLIT_ALIGN = 64  # split lengths are multiples of this many keys
@@ -200,7 +200,12 @@ def decode_attention(
     else:
         mid_o = mid_lse = out  # unused
     f32 = dot_in_fp32(q.dtype)
-    tuning = {} if HAS_GPU_DRIVER else {"BLOCK_N": 64 if device.type == "cuda" else 16, "num_warps": 4}
+    if AUTOTUNE:
+        tuning = {}
+    elif device.type == "cuda":  # one of the autotuned configs
+        tuning = {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}
+    else:  # the interpreter: tiny tiles, tiny tests
+        tuning = {"BLOCK_N": 16, "num_warps": 4}
     _decode_stage1[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, page_table, seq_lens, out, mid_o, mid_lse,
         float(sm_scale) * LOG2E, int(sliding_window),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from radixrt.kernels.triton_common import HAS_GPU_DRIVER, autotune, dot_in_fp32, next_pow2, tl, triton
+from radixrt.kernels.triton_common import AUTOTUNE, autotune, dot_in_fp32, next_pow2, tl, triton
 
 LOG2E = 1.4426950408889634
 
@@ -129,13 +129,15 @@ def extend_attention(
     extend_lens = extend_lens.to(device=device, dtype=torch.int32)
     q_starts = (torch.cumsum(extend_lens, 0, dtype=torch.int32) - extend_lens).to(torch.int32)
     max_extend = int(extend_lens.max())  # one host sync: the grid's q-block count
-    if HAS_GPU_DRIVER:
+    if AUTOTUNE:
         tuning = {}
         grid = lambda meta: (batch, triton.cdiv(max_extend, meta["BLOCK_M"]), heads)  # noqa: E731
     else:
-        default = 64 if device.type == "cuda" else 16  # the interpreter: tiny tiles, tiny tests
-        bm, bn = block_m or default, block_n or default
-        tuning = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4}
+        if device.type == "cuda":  # one of the autotuned configs (no register spills at head_dim 128)
+            bm, bn, tuning = block_m or 64, block_n or 32, {"num_warps": 8, "num_stages": 2}
+        else:  # the interpreter: tiny tiles, tiny tests
+            bm, bn, tuning = block_m or 16, block_n or 16, {"num_warps": 4}
+        tuning.update(BLOCK_M=bm, BLOCK_N=bn)
         grid = (batch, triton.cdiv(max_extend, bm), heads)
     _extend_kernel[grid](
         q, k_cache, v_cache, out, page_table, prefix_lens, extend_lens, q_starts,

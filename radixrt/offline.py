@@ -27,7 +27,7 @@ def generate_ids(
     """Generate for all ``prompts`` at once; returns each prompt's new token ids."""
     pool, page_size = runner.pool, runner.page_size
     vocab = runner.config.vocab_size
-    generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+    generator = torch.Generator(device=runner.device).manual_seed(params.seed) if params.seed is not None else None
     pages: list[list[int]] = [[] for _ in prompts]
     outputs: list[list[int]] = [[] for _ in prompts]
     lengths = [0] * len(prompts)  # tokens already in the cache
@@ -42,7 +42,7 @@ def generate_ids(
                 [SeqChunk(pending[r], lengths[r], pages[r]) for r in active], page_size, runner.device
             )
             logits = runner.forward(batch)
-            sampling = SamplingBatch.build([params] * len(active), vocab, [generator] * len(active))
+            sampling = SamplingBatch.build([params] * len(active), vocab, [generator] * len(active), device=runner.device)
             next_ids = sample(logits, sampling).tolist()
             still_active = []
             for r, token in zip(active, next_ids):

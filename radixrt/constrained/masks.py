@@ -122,7 +122,7 @@ def token_mask_of_row(row: torch.Tensor, vocab_size: int) -> tuple[int, torch.Te
         return MASK_ALLOWED, allowed.nonzero().flatten()
     if vocab_size - num_allowed <= SPARSE_MASK_LIMIT:
         return MASK_DISALLOWED, (~allowed).nonzero().flatten()
-    bias = torch.zeros(vocab_size, dtype=torch.float32)
+    bias = torch.zeros(vocab_size, dtype=torch.float32, device=row.device)
     bias.masked_fill_(~allowed, float("-inf"))
     return MASK_DENSE, bias
 
@@ -184,7 +184,8 @@ def _runs(rows: list[int]):
 
 def _flat_index(ids: list[torch.Tensor], rows: list[int], counts: list[int], vocab: int) -> torch.Tensor:
     index = torch.cat(ids) if len(ids) > 1 else ids[0].clone()
-    index += torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64) * vocab, torch.tensor(counts))
+    offsets = torch.tensor(rows, dtype=torch.int64, device=index.device) * vocab
+    index += torch.repeat_interleave(offsets, torch.tensor(counts, device=index.device))
     return index
 
 

@@ -56,7 +56,11 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE with the config's theta and scaling; cos/sin are precomputed in fp32 for every position."""
+    """RoPE with the config's theta and scaling; cos/sin are precomputed in fp32 for every position.
+
+    The tables are computed on the CPU (the same numbers whatever the device), then placed on the device
+    the module is built on (the ambient default device, ``with torch.device(...)``).
+    """
 
     def __init__(self, config, head_dim: int, max_positions: int) -> None:
         super().__init__()
@@ -64,18 +68,20 @@ class RotaryEmbedding(nn.Module):
         rope_type = params.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
+        cpu = torch.device("cpu")
         if rope_type == "default":
             theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=cpu) / head_dim))
             scaling = 1.0
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
-        freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq.float()[None, :]
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, cpu)
+        freqs = torch.arange(max_positions, dtype=torch.float, device=cpu)[:, None] * inv_freq.to(cpu).float()[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos_cache", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin_cache", emb.sin() * scaling, persistent=False)
+        device = torch.get_default_device()
+        self.register_buffer("cos_cache", (emb.cos() * scaling).to(device), persistent=False)
+        self.register_buffer("sin_cache", (emb.sin() * scaling).to(device), persistent=False)
 
     def _fp32_caches(self) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin as fp32 for the fused op, also after the model was cast to bf16/fp16 (which rounds them

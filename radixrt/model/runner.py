@@ -21,7 +21,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
@@ -30,6 +30,8 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
             if forced not in DTYPES:
                 raise ValueError(f"{AUTO_DTYPE_ENV}={forced!r}; choose one of {', '.join(DTYPES)}")
             return DTYPES[forced]
+        if torch.device(device).type == "cuda":  # bf16: native on Ampere and newer
+            return torch.bfloat16
         return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}")
@@ -81,8 +83,8 @@ class ModelRunner:
         started = time.perf_counter()
         self.model_path = Path(model_path)
         self.config = load_config(self.model_path)
-        self.dtype = parse_dtype(dtype)
         self.device = torch.device(device)
+        self.dtype = parse_dtype(dtype, self.device)
         if self.device.type == "cpu":
             keep_freed_memory()
             cpu_kernels.load()  # compiled on the first run ever (about 50 s), then loaded from the cache

@@ -1,4 +1,8 @@
-"""Per-request logits processing before sampling: penalties, banned tokens, logprobs of the raw model."""
+"""Per-request logits processing before sampling: penalties, banned tokens, logprobs of the raw model.
+
+Every tensor made here is made on the logits' device; token ids given as a tensor on another device are
+moved there.
+"""
 
 from __future__ import annotations
 
@@ -19,12 +23,13 @@ def apply_penalties(
         p = params[i]
         row = logits[i]
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(prompts[i]) | set(outputs[i])), dtype=torch.long)
+            seen = torch.tensor(sorted(set(prompts[i]) | set(outputs[i])), dtype=torch.long, device=logits.device)
             if seen.numel():
                 values = row[seen]
                 row[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
         if (p.frequency_penalty or p.presence_penalty) and outputs[i]:
-            counts = torch.bincount(torch.tensor(outputs[i], dtype=torch.long), minlength=vocab).to(row.dtype)
+            ids = torch.tensor(outputs[i], dtype=torch.long, device=logits.device)
+            counts = torch.bincount(ids, minlength=vocab).to(row.dtype)
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
     return logits
 
@@ -41,7 +46,7 @@ def token_logprobs(
     logprobs: torch.Tensor, tokens: torch.Tensor, top_k: int
 ) -> tuple[list[float], list[list[tuple[float, int]]] | None]:
     """Log-probabilities of ``tokens`` (one per row) and, if ``top_k``, each row's top-k entries."""
-    chosen = logprobs.gather(1, tokens.view(-1, 1)).view(-1).tolist()
+    chosen = logprobs.gather(1, tokens.to(logprobs.device).view(-1, 1)).view(-1).tolist()
     if top_k <= 0:
         return chosen, None
     values, ids = logprobs.topk(top_k, dim=-1)

@@ -1,7 +1,15 @@
-"""Turns a batch of logits into next tokens, vectorised over requests with different parameters."""
+"""Turns a batch of logits into next tokens, vectorised over requests with different parameters.
+
+Device contract: every tensor ``sample`` uses lives on the logits' device. Build the batch there
+(``SamplingBatch.build(..., device=logits.device)``); a batch built elsewhere is moved first (a few small
+copies per step). A seeded request's generator should live on that device too: its noise is then drawn in
+place. A generator on another device (a CPU generator next to CUDA logits) still works: that row's noise
+is drawn where the generator is and copied over, one ``[vocab]`` transfer per row and step.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -26,16 +34,20 @@ class SamplingBatch:
 
     @classmethod
     def build(
-        cls, params: list[SamplingParams], vocab_size: int, generators: list[torch.Generator | None] | None = None
+        cls,
+        params: list[SamplingParams],
+        vocab_size: int,
+        generators: list[torch.Generator | None] | None = None,
+        device: str | torch.device = "cpu",
     ) -> "SamplingBatch":
         greedy = [p.greedy for p in params]
         top_ks = [vocab_size if p.top_k < 1 else min(p.top_k, vocab_size) for p in params]
         return cls(
-            temperatures=torch.tensor([[1.0 if g else p.temperature] for p, g in zip(params, greedy)]),
-            top_ks=torch.tensor(top_ks),
-            top_ps=torch.tensor([p.top_p for p in params]),
-            min_ps=torch.tensor([p.min_p for p in params]),
-            greedy=torch.tensor(greedy),
+            temperatures=torch.tensor([[1.0 if g else p.temperature] for p, g in zip(params, greedy)], device=device),
+            top_ks=torch.tensor(top_ks, device=device),
+            top_ps=torch.tensor([p.top_p for p in params], device=device),
+            min_ps=torch.tensor([p.min_p for p in params], device=device),
+            greedy=torch.tensor(greedy, device=device),
             generators=generators or [None] * len(params),
             all_greedy=all(greedy),
             need_top_k=any(k < vocab_size for k in top_ks),
@@ -43,26 +55,55 @@ class SamplingBatch:
             need_min_p=any(p.min_p > 0.0 for p in params),
         )
 
+    @property
+    def device(self) -> torch.device:
+        return self.greedy.device
+
+    def to(self, device: str | torch.device) -> "SamplingBatch":
+        """This batch with its tensors on ``device`` (itself when they are there already)."""
+        device = torch.device(device)
+        if _same_device(self.device, device):
+            return self
+        tensors = ("temperatures", "top_ks", "top_ps", "min_ps", "greedy")
+        return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name in tensors})
+
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Next token per row of ``logits`` ``[B, V]`` (already penalised and masked)."""
+    """Next token per row of ``logits`` ``[B, V]`` (already penalised and masked), on the logits' device."""
     if batch.all_greedy:
         return logits.argmax(dim=-1)
+    batch = batch.to(logits.device)
     probs = torch.softmax(logits.float() / batch.temperatures, dim=-1)
     if batch.need_top_k or batch.need_top_p or batch.need_min_p:
         probs = _filter(probs, batch)
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; each seeded row uses its own generator.
     noise = torch.empty_like(probs).exponential_()
     for row, generator in enumerate(batch.generators):
-        if generator is not None:
+        if generator is None:
+            continue
+        if _same_device(generator.device, noise.device):
             noise[row].exponential_(generator=generator)
+        else:
+            drawn = torch.empty(noise.shape[1], dtype=noise.dtype, device=generator.device)
+            noise[row].copy_(drawn.exponential_(generator=generator))
     sampled = (probs / noise).argmax(dim=-1)
     return torch.where(batch.greedy, logits.argmax(dim=-1), sampled)
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether ``a`` and ``b`` name one device (``cuda`` is the current CUDA device, as for tensors)."""
+    return a.type == b.type and _index(a) == _index(b)
+
+
+def _index(device: torch.device) -> int:
+    if device.index is not None:
+        return device.index
+    return torch.cuda.current_device() if device.type == "cuda" else 0
+
+
 def _filter(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     sorted_probs, order = probs.sort(dim=-1, descending=True)
-    ranks = torch.arange(probs.shape[-1]).expand_as(sorted_probs)
+    ranks = torch.arange(probs.shape[-1], device=probs.device).expand_as(sorted_probs)
     drop = ranks >= batch.top_ks[:, None]
     if batch.need_top_p:
         # Keep the smallest head whose mass reaches top_p (the token that crosses it stays).
