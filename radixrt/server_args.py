@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -13,7 +14,7 @@ from radixrt.model.weights import DEFAULT_MODEL
 @dataclass
 class ServerArgs:
     model: str = field(default=DEFAULT_MODEL, metadata={"help": "bundled model name, local HF folder, or hub id"})
-    dtype: str = field(default="auto", metadata={"help": "auto (bf16 where the CPU has AMX/AVX512-BF16), bfloat16, float32, float16"})
+    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA and where the CPU has AMX/AVX512-BF16, else fp32), bfloat16, float32, float16"})
     device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
     page_size: int = field(default=16, metadata={"help": "tokens per KV page"})
     kv_memory_gb: float = field(default=1.0, metadata={"help": "memory budget of the KV pool in GB"})
@@ -34,6 +35,36 @@ class ServerArgs:
     host: str = field(default="127.0.0.1", metadata={"help": "HTTP host"})
     port: int = field(default=30000, metadata={"help": "HTTP port"})
     served_model_name: str | None = field(default=None, metadata={"help": "model name reported by /v1/models"})
+    # ----- the server's security (docs/SECURITY.md) -----
+    api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health (or set RADIXRT_API_KEY)"})
+    admin_api_key: str | None = field(default=None, metadata={"help": "a separate key for /flush_cache and /abort_request (or set RADIXRT_ADMIN_API_KEY)"})
+    max_request_bytes: int = field(default=8 << 20, metadata={"help": "largest request body in bytes (413 beyond)"})
+    request_body_timeout: float = field(default=30.0, metadata={"help": "seconds a request body may take to arrive (408 beyond)"})
+    request_header_timeout: float = field(default=10.0, metadata={"help": "seconds a connection may take to send a request head before it is closed"})
+    max_connections: int = field(default=1024, metadata={"help": "concurrent connections and requests at most (503 beyond)"})
+    max_prompt_chars: int | None = field(default=None, metadata={"help": "longest prompt in characters, checked before tokenizing (default: 32 x the context length)"})
+    max_n: int = field(default=16, metadata={"help": "most samples per prompt (n)"})
+    max_stop_strings: int = field(default=16, metadata={"help": "most stop strings per request"})
+    max_stop_string_chars: int = field(default=256, metadata={"help": "longest stop string in characters"})
+    max_messages: int = field(default=1024, metadata={"help": "most messages in one chat request"})
+    max_tools: int = field(default=128, metadata={"help": "most tools in one chat request"})
+    log_requests: bool = field(default=False, metadata={"help": "log each request's prompt and output text (off: sizes and timings only)"})
+
+    SECRETS = ("api_key", "admin_api_key")
+
+    def __post_init__(self) -> None:
+        if self.api_key is None:
+            self.api_key = os.environ.get("RADIXRT_API_KEY") or None
+        if self.admin_api_key is None:
+            self.admin_api_key = os.environ.get("RADIXRT_ADMIN_API_KEY") or None
+
+    def public_dict(self) -> dict[str, Any]:
+        """Every option, with the keys masked: what may be shown or logged."""
+        out = dataclasses.asdict(self)
+        for name in self.SECRETS:
+            if out[name]:
+                out[name] = "***"
+        return out
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:

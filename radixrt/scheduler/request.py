@@ -80,5 +80,11 @@ class Req:
         return self.return_logprob and self.logprob_start_len >= 0
 
     @property
+    def computes_prompt_logprobs(self) -> bool:
+        """Prompt logprobs are still to be collected: wanted and not sent yet (a request computing its
+        prompt again after a retraction sent them with its first delta)."""
+        return self.wants_prompt_logprobs and not self.input_logprobs_sent
+
+    @property
     def finished(self) -> bool:
         return self.finish_reason is not None

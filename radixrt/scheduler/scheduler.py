@@ -261,7 +261,7 @@ class Scheduler:
     def _match_limit(self, req: Req) -> int:
         """Tokens the cache may serve: never the last one (its logits are needed), nor prompt logprob rows."""
         limit = req.total_len - 1
-        if req.wants_prompt_logprobs:
+        if req.computes_prompt_logprobs:
             limit = min(limit, max(req.logprob_start_len - 1, 0))
         return limit
 
@@ -405,6 +405,9 @@ class Scheduler:
         """Memory pressure: drop a request's pages (keeping what it computed in the cache) and requeue it."""
         self.running.remove(req)
         self._release(req)
+        if not req.input_logprobs_sent:  # its prompt is computed again from the first logprob position on
+            req.input_logprobs.clear()
+            req.input_top_logprobs.clear()
         req.num_retractions += 1
         self.num_retractions += 1
         self.new_token_ratio = min(1.0, self.new_token_ratio + RETRACT_RATIO_STEP)
@@ -444,7 +447,7 @@ class Scheduler:
 
     def _logits_from(self, req: Req, n: int) -> int:
         """First row of this chunk whose logits are needed (prompt logprobs start early)."""
-        if req.wants_prompt_logprobs:
+        if req.computes_prompt_logprobs:
             first_position = max(req.logprob_start_len - 1, 0)
             if first_position < req.num_computed + n:
                 return max(first_position - req.num_computed, 0)
@@ -480,7 +483,7 @@ class Scheduler:
     def _advance(self, req: Req, n: int, rows: torch.Tensor) -> bool:
         """Account for ``n`` computed tokens of ``req``; True when its next token is to be sampled now."""
         start = req.num_computed
-        if req.wants_prompt_logprobs:
+        if req.computes_prompt_logprobs:
             self._collect_prompt_logprobs(req, start, n, rows)
         req.num_computed += n
         if n > 1 and start < len(req.prompt_ids):  # a prefill chunk (not a jump-forward extend)
@@ -573,18 +576,19 @@ class Scheduler:
         ban_tokens(logits, banned)
         if any(r.grammar is not None for r in reqs):
             self.grammars.apply_masks(logits, [r.grammar for r in reqs])
-        batch = SamplingBatch.build(params, self.vocab_size, [r.generator for r in reqs])
+        batch = SamplingBatch.build(params, self.vocab_size, [r.generator for r in reqs], device=logits.device)
         tokens = sample(logits, batch)
+        token_ids = tokens.tolist()  # one device-to-host copy for the batch
         wants = [i for i, r in enumerate(reqs) if r.return_logprob]
         if wants:
             top_k = max(reqs[i].top_logprobs_num for i in wants)
             logprobs = torch.log_softmax(raw[wants].float(), dim=-1)
             chosen, top = token_logprobs(logprobs, tokens[wants], top_k)
             for j, i in enumerate(wants):
-                reqs[i].pending_output_logprobs.append((chosen[j], int(tokens[i])))
+                reqs[i].pending_output_logprobs.append((chosen[j], token_ids[i]))
                 if reqs[i].top_logprobs_num:
                     reqs[i].pending_output_top.append(top[j][: reqs[i].top_logprobs_num])
-        return tokens.tolist()
+        return token_ids
 
     def _jump_forward(self, req: Req) -> None:
         """Append the text the grammar forces now; the next step computes it as one extend chunk.
@@ -667,8 +671,8 @@ class Scheduler:
                 if req.top_logprobs_num:
                     delta.output_top_logprobs, req.pending_output_top = req.pending_output_top, []
                 if not req.input_logprobs_sent and req.wants_prompt_logprobs:
-                    delta.input_logprobs = req.input_logprobs
-                    delta.input_top_logprobs = req.input_top_logprobs if req.top_logprobs_num else None
+                    delta.input_logprobs = list(req.input_logprobs)  # a copy: the request lives on
+                    delta.input_top_logprobs = list(req.input_top_logprobs) if req.top_logprobs_num else None
             req.input_logprobs_sent = True
             req.num_sent = end
             deltas.append(delta)
