@@ -1,0 +1,117 @@
+"""A stand-in for ModelRunner whose logits are a pure function of each sequence's tokens, read back from the
+real page pool, so that any page-table or page-sharing mistake of the scheduler changes its outputs.
+
+What the scheduler uses of a runner, and only that: ``forward(batch)``, ``pool``, ``page_size``,
+``config.vocab_size``, ``context_length``, ``device``.
+
+The KV pool is a real ``PagePool`` with a tiny layout (1 layer, 1 head, head_dim 2, fp32). ``forward``:
+1. writes every new token's (id, position) into its K slot (``batch.out_slots``), as attention writes K/V;
+2. reads back, through each request's page table, the (id, position) of every position up to the request's
+   sequence length, and hashes each prefix (a polynomial hash over (id, stored position) pairs);
+3. turns the hash of the prefix ending at each logits row into that row: ``NUM_WORDS`` ordinary word tokens
+   (and three punctuation tokens) share the mass with pseudo-random scores, eos gets a small chance, every
+   other token sits far below. A wrong, stale or shared-by-mistake page changes the hash and so the tokens.
+
+Everything is integer arithmetic until the final scores, so a row does not depend on the batch around it.
+``kv_mismatches`` reads back what a request claims to have computed and compares it with its token ids:
+the simulation calls it after every step to catch corruption at the step it happens.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from radixrt.memory.page_pool import KVLayout, PagePool
+from radixrt.model.forward_batch import ForwardBatch
+
+MODULUS = 67_108_859  # < 2**26: products of two residues and sums of thousands of them fit in int64
+BASE = 1_000_003
+WORD_SCALE = 6.0  # word scores spread over [0, 6)
+EOS_SCORE_SHIFT = 0.06  # eos wins the argmax for roughly one prefix in a hundred
+FLOOR = -20.0  # every token that is neither a word nor eos
+
+
+class FakeRunner:
+    def __init__(self, vocab_size: int, word_ids: list[int], eos_id: int, page_size: int, num_pages: int,
+                 context_length: int = 2048) -> None:
+        self.config = SimpleNamespace(vocab_size=vocab_size)
+        self.context_length = context_length
+        self.device = torch.device("cpu")
+        layout = KVLayout(num_layers=1, kv_heads=1, head_dim=2, page_size=page_size, dtype=torch.float32)
+        self.pool = PagePool(layout, num_pages)
+        self.vocab_size = vocab_size
+        self.scored_ids = torch.tensor(list(word_ids) + [eos_id], dtype=torch.long)
+        rng = np.random.default_rng(1234)
+        self._mult = rng.integers(1, MODULUS, len(self.scored_ids), dtype=np.int64)
+        self._add = rng.integers(0, MODULUS, len(self.scored_ids), dtype=np.int64)
+        self._shift = np.zeros(len(self.scored_ids), dtype=np.float32)
+        self._shift[-1] = EOS_SCORE_SHIFT
+        self._powers = _powers(context_length)
+        self._kv_numpy = self._slots_view().numpy()  # the same memory, for cheap checks
+        self.forwards = 0
+        self.tokens = 0
+
+    @property
+    def page_size(self) -> int:
+        return self.pool.page_size
+
+    def _slots_view(self) -> torch.Tensor:
+        return self.pool.k_caches[0].view(-1, 2)  # [num_pages * page_size, (id, position)]
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        # numpy views of the batch's tensors: these arrays are tiny, and numpy's per-op cost is the lower
+        page_size, kv = self.page_size, self._kv_numpy
+        out_slots, positions = batch.out_slots.numpy(), batch.positions.numpy()
+        kv[out_slots, 0] = batch.input_ids.numpy()
+        kv[out_slots, 1] = positions
+
+        seq_lens = batch.seq_lens.numpy().astype(np.int64)
+        table = batch.page_table.numpy().astype(np.int64)
+        longest = int(seq_lens.max())
+        span = np.arange(longest)
+        pages = table[:, np.minimum(span // page_size, table.shape[1] - 1)]  # [B, L]
+        stored = kv[pages * page_size + span % page_size].astype(np.int64)  # [B, L, 2]
+        terms = ((stored[..., 0] + 1) * BASE + stored[..., 1]) % MODULUS * self._powers[:longest] % MODULUS
+        terms[span >= seq_lens[:, None]] = 0
+        prefix_hashes = terms.cumsum(axis=1) % MODULUS  # [B, L]: hash of positions 0..q
+
+        extend_lens = batch.extend_lens.numpy()
+        owner = np.repeat(np.arange(len(seq_lens)), extend_lens)
+        rows = batch.logits_indices.numpy()
+        hashes = prefix_hashes[owner[rows], positions[rows]]
+        self.forwards += 1
+        self.tokens += int(extend_lens.sum())
+        return self.logits_of(hashes)
+
+    def logits_of(self, hashes: np.ndarray) -> torch.Tensor:
+        """Rows of logits for prefix hashes (one per row)."""
+        mixed = (hashes[:, None] * self._mult + self._add) % MODULUS
+        scores = mixed.astype(np.float32) * np.float32(WORD_SCALE / MODULUS) + self._shift
+        logits = torch.full((len(hashes), self.vocab_size), FLOOR)
+        logits[:, self.scored_ids] = torch.from_numpy(scores)
+        return logits
+
+    def kv_mismatches(self, token_ids: list[int], pages: list[int], num_tokens: int, first: int = 0) -> list[int]:
+        """Positions in ``first..num_tokens-1`` whose slots (through ``pages``) do not hold ``token_ids`` there."""
+        if num_tokens <= first:
+            return []
+        positions = np.arange(first, num_tokens)
+        table = np.asarray(pages, dtype=np.int64)
+        stored = self._kv_numpy[table[positions // self.page_size] * self.page_size + positions % self.page_size]
+        want = np.asarray(token_ids[first:num_tokens], dtype=np.float32)
+        bad = (stored[:, 0] != want) | (stored[:, 1] != positions)
+        return positions[bad].tolist()
+
+
+@lru_cache(maxsize=8)
+def _powers(length: int) -> np.ndarray:
+    powers = np.empty(length, dtype=np.int64)
+    value = 1
+    for i in range(length):
+        powers[i] = value
+        value = value * 7919 % MODULUS
+    return powers

@@ -1,0 +1,193 @@
+"""The scheduler under randomized workloads (radixrt.bench.sim): no crash, no leak, no corrupted KV, and every
+output equal to the same request run alone, over hundreds of shrinkable workloads; plus the cases it found."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from radixrt.bench.sim import Knobs, SoloOracle, load_world, run_seed
+from radixrt.bench.sim.fake_runner import FakeRunner
+from radixrt.bench.sim.oracle import DeltaSink, build_scheduler, generate_req, same_outcome
+from radixrt.bench.sim.workload import CHUNK_SIZES, POLICIES, SimRequest
+from radixrt.memory.page_pool import PagePool
+from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.sampling.params import SamplingParams
+
+pytestmark = pytest.mark.model  # the default model's tokenizer: real stop strings and grammars
+
+# Sized to the CI budget (2 cores): 300 workloads in about 25 s on a quiet machine.
+MAX_EXAMPLES = 300
+
+
+@pytest.fixture(scope="module")
+def world(default_model_path):
+    torch.set_num_threads(1)
+    return load_world()
+
+
+@pytest.fixture(scope="module")
+def oracle(world):
+    return SoloOracle(world)
+
+
+def _failure_report(result, generated: bool = True) -> str:
+    lines = [f"{kind}: {message}" for kind, message in result.failures]
+    if generated:  # the knobs alone rebuild the workload
+        lines.append(f"repro: python -m radixrt.bench.soak --repro '{result.knobs.to_json()}'")
+    return "\n".join(lines)
+
+
+# Every strategy lists its simplest value first: hypothesis shrinks a failure towards it.
+KNOBS = st.builds(
+    Knobs,
+    seed=st.integers(0, 2**20),
+    num_requests=st.integers(1, 14),
+    page_size=st.sampled_from((1, 4, 16)),
+    oversubscription=st.sampled_from((1.0, 3.0, 10.0)),
+    chunked_prefill_size=st.sampled_from(tuple(reversed(CHUNK_SIZES))),
+    schedule_policy=st.sampled_from(tuple(reversed(POLICIES))),
+    enable_mixed_chunk=st.booleans(),
+    radix_cache=st.sampled_from((True, False)),
+    partial_page_reuse=st.booleans(),
+    jump_forward=st.booleans(),
+    max_running_requests=st.sampled_from((64, 16, 4, 2)),
+    max_new_tokens=st.sampled_from((4, 16, 24)),
+    arrival_span=st.sampled_from((0, 10, 30)),
+    aborts=st.booleans(),
+    constrained=st.sampled_from((False, False, False, True)),  # full-vocabulary logits: slower seeds
+    constrained_share=st.sampled_from((0.15, 0.9)),
+    stops=st.booleans(),
+    sampled=st.booleans(),
+    multi_turn=st.booleans(),
+    n_samples=st.booleans(),
+    logprobs=st.booleans(),
+    flushes=st.booleans(),
+)
+
+
+@settings(max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(knobs=KNOBS)
+def test_random_workloads_finish_without_leaks_and_match_solo_runs(world, oracle, knobs):
+    result = run_seed(knobs, world, oracle, max_steps=5_000)
+    assert result.ok, _failure_report(result)
+    assert result.pages_leaked == 0
+
+
+def test_soak_seeds_pass_and_exercise_pressure(world, oracle):
+    """The soak's own seeds: eviction and retraction really happen, and aborts do."""
+    results = [run_seed(Knobs.from_seed(seed), world, oracle) for seed in range(12)]
+    assert all(r.ok for r in results), "\n".join(_failure_report(r) for r in results if not r.ok)
+    assert sum(r.retractions for r in results) > 0
+    assert sum(r.evicted_pages for r in results) > 0
+    assert sum(r.aborts for r in results) > 0
+
+
+# ----- the simulation's checks have teeth ----------------------------------------------------------
+
+
+def test_fake_runner_logits_follow_the_kv_it_reads_back(world):
+    runner = FakeRunner(world.compact_vocab_size, world.word_ids, world.eos_id, page_size=4, num_pages=4)
+    tokens = world.word_ids[:6]
+
+    def logits(pages):
+        return runner.forward(ForwardBatch.build([SeqChunk(tokens, 0, pages)], 4))
+
+    first = logits([0, 1])
+    assert torch.equal(logits([2, 3]), first)  # where the KV sits does not matter, what it holds does
+    assert runner.kv_mismatches(tokens, [2, 3], 6) == []
+    runner.pool.k_caches[0][2, 1, 0, 0] = world.word_ids[7]  # another token in position 1's slot
+    assert runner.kv_mismatches(tokens, [2, 3], 6) == [1]
+    stale = runner.forward(ForwardBatch.build([SeqChunk(tokens[5:], 5, [2, 3])], 4))
+    assert not torch.equal(stale, first)
+
+
+def test_simulation_reports_corrupted_partial_page_copies(world, oracle, monkeypatch):
+    # Copy-on-write of a partially matched page that copies nothing: the request reads stale slots.
+    monkeypatch.setattr(PagePool, "copy_page_prefix", lambda self, src, dst, n: None)
+    knobs = Knobs(seed=3, num_requests=6, page_size=16, aborts=False, constrained=False, multi_turn=False)
+    kinds = {kind for seed in range(4) for kind, _ in run_seed(knobs.replace(seed=seed), world, oracle).failures}
+    assert "kv-corruption" in kinds
+
+
+def test_simulation_reports_leaked_pages(world, oracle, monkeypatch):
+    from radixrt.scheduler.scheduler import Scheduler
+
+    release = Scheduler._release
+
+    def leaky_release(self, req):  # forget one private page of every finished request
+        if len(req.pages) > req.num_tree_pages:
+            req.pages.pop()
+        release(self, req)
+
+    monkeypatch.setattr(Scheduler, "_release", leaky_release)
+    result = run_seed(Knobs(seed=1, num_requests=3, radix_cache=False, aborts=False, constrained=False), world,
+                      oracle)
+    assert result.failures and result.failures[0][0] in ("invariant", "leak")
+
+
+# ----- cases the simulation found --------------------------------------------------------------------
+
+
+def _request(rid: str, prompt: list[int], max_new_tokens: int) -> SimRequest:
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+    return SimRequest(rid=rid, prompt=prompt, params=params, arrival=0)
+
+
+def test_prefix_hit_on_a_full_pool_waits_instead_of_crashing_the_step(world, oracle):
+    """A 20-page pool: 8 cached pages of a document, one decoding request holding the other 12, then a
+    request that reuses the document. Admission must not count the document's pages as room once the prefix
+    hit locks them: the step would find no page for the new prefill, retract it, and have nothing to run."""
+    page_size, vocab = 4, world.compact_vocab_size
+    words = world.word_ids
+    sink = DeltaSink()
+    scheduler, _ = build_scheduler(world, Knobs(page_size=page_size, chunked_prefill_size=2048), 20, sink, vocab)
+    document, other = words[:32], words[100:140]
+    requests = [_request("doc", document, 1), _request("decoder", other, 8),
+                _request("reuse", document + words[50:54], 4)]
+
+    def run_until(done) -> None:
+        for _ in range(100):
+            scheduler.step()
+            scheduler.check()
+            if done():
+                return
+        raise AssertionError("the scheduler made no progress")
+
+    scheduler.submit(generate_req(requests[0], requests[0].prompt))
+    run_until(lambda: scheduler.idle)
+    assert scheduler.cache.evictable_pages == 8 and scheduler.pool.num_free == 12
+    scheduler.submit(generate_req(requests[1], requests[1].prompt))
+    run_until(lambda: scheduler.running and len(scheduler.running[0].output_ids) == 6)
+    assert scheduler.pool.num_free == 0 and scheduler.cache.evictable_pages == 8  # the pool is full
+    scheduler.submit(generate_req(requests[2], requests[2].prompt))
+    run_until(lambda: scheduler.idle)
+
+    for req in requests:
+        assert sink.finished[req.rid]["type"] == "length", sink.finished[req.rid]
+        alone = oracle.run(req, req.prompt, jump_forward=True, vocab_size=vocab)
+        assert same_outcome(sink.outcome(req.rid), alone) is None
+    assert scheduler.cache.protected_pages == 0
+    assert scheduler.pool.num_free + scheduler.cache.evictable_pages == 20
+
+
+def test_prompt_logprobs_are_sent_once_when_a_request_is_retracted_after_its_prefill(world, oracle):
+    """Two decoding requests with prompt logprobs outgrow a 16-page pool: one is retracted after its first
+    delta (which carried its prompt logprobs) and computes its prompt again. That must neither append the
+    prompt logprobs a second time to what was sent (the Engine reads deltas later, on another thread) nor
+    change what the request returns."""
+    from radixrt.bench.sim.driver import Simulation
+    from radixrt.bench.sim.workload import Workload
+
+    words = world.word_ids
+    first, second = _request("first", words[:8], 40), _request("second", words[200:208], 40)
+    second.arrival = 6
+    for req in (first, second):
+        req.return_logprob, req.logprob_start_len, req.top_logprobs_num = True, 2, 2
+    knobs = Knobs(page_size=4, chunked_prefill_size=2048, constrained=False)
+    result = Simulation(Workload(knobs, [first, second], num_pages=16), world, oracle, max_steps=1_000).run()
+    assert result.retractions > 0
+    assert result.ok, _failure_report(result, generated=False)
