@@ -38,6 +38,7 @@ from radixrt.scheduler.validation import ModelLimits, RequestError, validate_req
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.scheduler")
+GRAMMAR_COMPILE_TIMEOUT_S = 30.0  # a constrained request waits at most this long for its grammar
 
 # Admission reserves pages for the future decodes of running requests, estimated as this fraction of their
 # remaining max_new_tokens. It rises after a retraction and decays back while memory is calm.
@@ -339,8 +340,18 @@ class Scheduler:
 
     def _grammar_failed(self, req: Req) -> bool:
         future = req.grammar_future
-        if future is None or not future.done() or req.grammar is not None:
+        if future is None or req.grammar is not None:
             return False
+        if not future.done():
+            # A grammar whose token index takes minutes to build (e.g. a JSON schema with a large minItems)
+            # must not leave its client waiting forever: refuse it after a deadline.
+            if time.monotonic() - req.arrival < GRAMMAR_COMPILE_TIMEOUT_S:
+                return False
+            future.cancel()
+            self._finish(req, error_reason(f"invalid grammar: too complex, it did not compile within "
+                                           f"{GRAMMAR_COMPILE_TIMEOUT_S:.0f} s", 400))
+            self._emit([req])
+            return True
         error = future.exception()
         if error is None:
             try:

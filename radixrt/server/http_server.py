@@ -2,15 +2,15 @@
 
 Native:  POST /generate, GET /get_model_info, GET /get_server_info, GET|POST /flush_cache, POST /abort_request
 OpenAI:  POST /v1/completions, POST /v1/chat/completions, GET /v1/models
-Ops:     GET /health, GET /metrics (Prometheus text)
+Ops:     GET /health, GET /metrics (Prometheus text), GET /openapi.json (radixrt.server.openapi)
 
 Errors are OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``) with a 4xx code for bad
-input, 503 when the waiting queue is full or the runtime is down.
+input, 503 when the waiting queue is full or the runtime is down. A client that closes its connection
+before its answer is complete has its requests aborted at once (client_wait; streams: AbortOnCloseStream).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -22,7 +22,10 @@ from fastapi.responses import Response, StreamingResponse
 
 from radixrt.scheduler.validation import RequestError
 from radixrt.server import openai_protocol as oai
+from radixrt.server.client_wait import ClientGone, gather, wait_any
 from radixrt.server.metrics import render
+from radixrt.server.native_protocol import AbortBody, GenerateBody
+from radixrt.server.openapi import ApiLimits, build_openapi
 from radixrt.server.tokenizer_manager import Overloaded, ReqState, ServerDown, TokenizerManager
 from radixrt.tokenizer import apply_chat_template
 
@@ -31,10 +34,6 @@ _json = msgspec.json.Encoder()
 
 
 class ModelNotFound(RequestError):
-    pass
-
-
-class ClientGone(Exception):
     pass
 
 
@@ -70,43 +69,6 @@ class AbortOnCloseStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
-
-
-async def wait_any(request: Request | None, tm: TokenizerManager, states: list[ReqState]) -> None:
-    """Wait for new output on any of ``states``; abort them when the client has gone away."""
-    event = states[0].event
-    while True:
-        try:
-            await asyncio.wait_for(event.wait(), 1.0)
-            event.clear()
-            return
-        except asyncio.TimeoutError:
-            if request is not None and await request.is_disconnected():
-                tm.abort_unfinished(states)
-                raise ClientGone() from None
-
-
-async def wait_all(request: Request, tm: TokenizerManager, states: list[ReqState]) -> None:
-    while not all(s.finished for s in states):
-        await wait_any(request, tm, states)
-
-
-def raise_for_failures(states: list[ReqState]) -> None:
-    for s in states:
-        if s.error is not None and s.error != "aborted":
-            raise ServerDown(s.error)
-    for s in states:
-        message = s.request_error()
-        if message is not None:
-            raise RequestError(message)
-
-
-async def first_output(request: Request, tm: TokenizerManager, states: list[ReqState]) -> None:
-    """Before a stream's headers go out: wait for its first output, so runtime-side errors are still a 4xx."""
-    while not any(s.finished or s.builder.output_ids for s in states):
-        await wait_any(request, tm, states)
-    if any(s.finished for s in states):
-        raise_for_failures(states)
 
 
 def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAPI:
@@ -149,21 +111,10 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
 
     # ----- native API ---------------------------------------------------------------------------------
 
-    class GenerateBody(msgspec.Struct, forbid_unknown_fields=True):
-        text: str | list[str] | None = None
-        input_ids: list | None = None
-        sampling_params: dict | list | None = None
-        stream: bool = False
-        return_logprob: bool = False
-        logprob_start_len: int | None = None
-        top_logprobs_num: int | None = None
-        return_text_in_logprobs: bool = False
-        rid: str | list[str] | None = None
-
     @route("/generate", ["POST"])
     async def generate(request: Request) -> Response:
         body = oai.decode_request(await request.body(), GenerateBody)
-        ids, params, batched = tm.prepare(body.text, body.sampling_params, body.input_ids)
+        ids, params, batched = tm.prepare(body.text, body.sampling_dicts(), body.input_ids)
         if body.top_logprobs_num is not None and not 0 <= body.top_logprobs_num <= tm.vocab_size:
             raise RequestError(f"top_logprobs_num must be in [0, {tm.vocab_size}]")
         if body.logprob_start_len is not None and body.logprob_start_len < -1:
@@ -187,12 +138,8 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
                         meta[key] = [[[lp, t, tm.token_text(t)] for lp, t, _ in row] for row in meta[key]]
             return out
 
+        await gather(request, tm, states, body.stream)
         if body.stream:
-            try:
-                await first_output(request, tm, states)
-            except BaseException:
-                tm.abort_unfinished(states)
-                raise
             state = states[0]
 
             async def chunks() -> AsyncIterator[bytes]:
@@ -203,13 +150,11 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
                     yield sse(result(state))
                     if state.finished:
                         break
-                    await wait_any(None, tm, states)
+                    await wait_any(None, states)
                 yield SSE_DONE
 
             return AbortOnCloseStream(chunks(), lambda: tm.abort_unfinished(states))
 
-        await wait_all(request, tm, states)
-        raise_for_failures(states)
         results = [result(s) for s in states]
         return json_response(results if batched or len(results) > 1 else results[0])
 
@@ -236,10 +181,6 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
             return Response("Cache flushed.\n", media_type="text/plain")
         raise RequestError("cache not flushed: requests are in flight; retry when the server is idle")
 
-    class AbortBody(msgspec.Struct, forbid_unknown_fields=True):
-        rid: str | None = None
-        abort_all: bool = False
-
     @route("/abort_request", ["POST"])
     async def abort_request(request: Request) -> Response:
         body = oai.decode_request(await request.body(), AbortBody)
@@ -257,6 +198,15 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
         if problem is not None:
             return error_response(f"unhealthy: {problem}", 503)
         return json_response({"status": "ok"})
+
+    openapi_doc: list[bytes] = []
+
+    @route("/openapi.json", ["GET"])
+    async def openapi(request: Request) -> Response:
+        if not openapi_doc:
+            limits = ApiLimits.of_server(tm.context_length, tm.vocab_size, getattr(tm, "client_limits", None))
+            openapi_doc.append(_json.encode(build_openapi(limits, __import__("radixrt").__version__)))
+        return Response(openapi_doc[0], media_type="application/json")
 
     @route("/metrics", ["GET"])
     async def metrics(request: Request) -> Response:
@@ -369,9 +319,8 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
                 return oai.chat_logprobs(entries, tops, tm.token_text)
             return oai.completion_logprobs(entries, tops, tm.token_text, offset)
 
+        await gather(request, tm, states, req.stream)
         if not req.stream:
-            await wait_all(request, tm, states)
-            raise_for_failures(states)
             choices = []
             for i, s in enumerate(states):
                 reason, matched = oai.finish_reason(s.builder.meta)
@@ -387,11 +336,6 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
             return json_response({"id": rid, "object": obj, "created": created, "model": model,
                                   "choices": choices, "usage": oai.usage_of(states, n)})
 
-        try:
-            await first_output(request, tm, states)
-        except BaseException:
-            tm.abort_unfinished(states)
-            raise
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -443,7 +387,7 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
                     yield chunk(out)
                 if all(done):
                     break
-                await wait_any(None, tm, states)
+                await wait_any(None, states)
             if include_usage:
                 yield sse({"id": rid, "object": chunk_obj, "created": created, "model": model, "choices": [],
                            "usage": oai.usage_of(states, n)})

@@ -4,9 +4,10 @@ Lifecycle:
 - The ipc sockets live in a private temp dir, removed on exit.
 - The URL is printed (``radixrt serve: ready at http://HOST:PORT``) once the model is loaded, both helper
   processes have answered the handshake and the HTTP socket listens.
-- SIGINT/SIGTERM: uvicorn stops accepting, open responses get a short grace period, the helpers get
-  SIGTERM (then SIGKILL), exit code 0. Helpers ignore SIGINT (a terminal's Ctrl-C reaches the whole group)
-  and die with this process if it is killed (PR_SET_PDEATHSIG) or notice it is gone within a second.
+- SIGINT/SIGTERM: uvicorn stops accepting, open responses get a short grace period (SHUTDOWN_GRACE_S),
+  after which the unfinished ones are answered 503; the helpers get SIGTERM (then SIGKILL); exit code 0.
+  Helpers ignore SIGINT (a terminal's Ctrl-C reaches the whole group) and die with this process if it is
+  killed (PR_SET_PDEATHSIG) or notice it is gone within a second.
 - A helper that dies makes /health answer 503, fails every request in flight, and the server exits with
   code 1 instead of hanging.
 """
@@ -33,6 +34,7 @@ from radixrt.server_args import ServerArgs
 logger = logging.getLogger("radixrt.server")
 
 READY_LINE = "radixrt serve: ready at"
+SHUTDOWN_GRACE_S = 2.0  # SIGTERM: how long in-flight requests may still finish (uvicorn's own limit is 3 s)
 
 
 class StartupFailed(RuntimeError):
@@ -171,6 +173,14 @@ async def _main(args: ServerArgs, paths: IpcPaths, tokenizer, procs: dict[str, s
                     server.should_exit = True
                     return
                 await asyncio.sleep(0.2)
+            # A signal: uvicorn stops accepting and waits for open responses. Requests that do not finish
+            # within the grace period are answered 503 (streams: an error event), so every connection closes.
+            deadline = time.monotonic() + SHUTDOWN_GRACE_S
+            while tm.states and time.monotonic() < deadline and _dead_helper(procs) is None:
+                await asyncio.sleep(0.05)
+            if tm.states:
+                logger.info("shutting down: %d requests unfinished are answered 503", len(tm.states))
+            tm.fail_all("the server is shutting down")
 
         watch = asyncio.create_task(watchdog())
         await server.serve()

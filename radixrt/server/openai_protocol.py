@@ -74,15 +74,38 @@ class CompletionRequest(_Common, kw_only=True):
     suffix: str | None = None
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _out_of_int64(value: Any, path: str = "$") -> str | None:
+    """The JSON path of the first integer outside the 64-bit range (the runtime's messages carry int64s)."""
+    stack = [(value, path)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, int) and not isinstance(node, bool):
+            if not INT64_MIN <= node <= INT64_MAX:
+                return where
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+        elif isinstance(node, dict):
+            stack.extend((v, f"{where}.{k}") for k, v in node.items())
+    return None
+
+
 def decode_request(body: bytes, kind: type):
     if not body.strip():
         raise RequestError("the request body is empty; send a JSON object")
     try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise RequestError(f"invalid request: {exc}") from None
+        raw = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise RequestError(f"malformed JSON: {exc}") from None
+    where = _out_of_int64(raw)
+    if where is not None:
+        raise RequestError(f"invalid request: integer out of the 64-bit range - at `{where}`")
+    try:
+        return msgspec.convert(raw, type=kind)
+    except msgspec.ValidationError as exc:
+        raise RequestError(f"invalid request: {exc}") from None
 
 
 def check_common(req: _Common) -> None:

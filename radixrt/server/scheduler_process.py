@@ -118,7 +118,12 @@ class SchedulerProcess:
             except zmq.Again:
                 return got
             got = True
-            self._handle(self.decode(frame))
+            try:
+                msg = self.decode(frame)
+            except Exception:  # a malformed frame is that frame's problem, not the server's
+                logger.exception("dropped a message the scheduler cannot decode")
+                continue
+            self._handle(msg)
 
     def run(self) -> None:
         busy = False

@@ -1,0 +1,44 @@
+"""Request bodies of SGLang's native API (/generate, /abort_request), as msgspec structs (unknown fields refused).
+
+The routes decode these, and /openapi.json is generated from them (radixrt.server.openapi), so the schema a
+client reads is the one the server enforces. A shape msgspec cannot type (one prompt or a batch of prompts
+under one key) is checked by the runtime's request path (radixrt.requests); its JSON schema is given here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from radixrt.sampling.params import SamplingParams
+
+TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer"}, "minItems": 1}
+
+InputIds = Annotated[list | None, msgspec.Meta(
+    description="one prompt as token ids, or a batch of such prompts",
+    extra_json_schema={"anyOf": [TOKEN_IDS_SCHEMA, {"type": "array", "items": TOKEN_IDS_SCHEMA, "minItems": 1},
+                                 {"type": "null"}]},
+)]
+
+
+class GenerateBody(msgspec.Struct, forbid_unknown_fields=True):
+    text: str | list[str] | None = None
+    input_ids: InputIds = None
+    sampling_params: SamplingParams | list[SamplingParams] | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool = False
+    rid: str | list[str] | None = None
+
+    def sampling_dicts(self) -> dict | list[dict] | None:
+        """The sampling params as the JSON-like dicts the runtime's request path takes."""
+        return None if self.sampling_params is None else msgspec.to_builtins(self.sampling_params)
+
+
+class AbortBody(msgspec.Struct, forbid_unknown_fields=True):
+    rid: str | None = None
+    abort_all: bool = False
+

@@ -1,0 +1,222 @@
+"""The server's OpenAPI 3 document (GET /openapi.json), generated from the msgspec structs the routes decode.
+
+Request bodies come from ``msgspec.json.schema_components`` of GenerateBody, AbortBody, CompletionRequest and
+ChatCompletionRequest (SamplingParams and StreamOptions come along as referenced components). The numeric
+bounds the runtime enforces are then written into those schemas: the static ones from ``BOUNDS`` (kept equal
+to SamplingParams.validate and the routes' checks by tests/test_server_fuzz.py), the model's from ``ApiLimits``
+(context length, vocabulary) and the server's per-request caps, and every other integer gets the 64-bit
+range decode_request enforces, so a schema-driven client or fuzzer knows which values are served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from radixrt.server import openai_protocol as oai
+from radixrt.server.native_protocol import AbortBody, GenerateBody
+
+REF = "#/components/schemas/{name}"
+MAX_SEED = 2**63 - 1
+MAX_N = 128
+
+
+@dataclass(frozen=True)
+class ApiLimits:
+    """The model's limits and the server's own (None: no bound beyond the static ones)."""
+
+    context_length: int
+    vocab_size: int
+    max_top_logprobs: int = oai.MAX_TOP_LOGPROBS
+    max_n: int | None = None
+    max_prompt_chars: int | None = None
+    max_stop_strings: int | None = None
+    max_stop_string_chars: int | None = None
+
+    @classmethod
+    def of_server(cls, context_length: int, vocab_size: int, client_limits: Any = None) -> "ApiLimits":
+        """``client_limits``: the server's per-request caps (radixrt.requests.ClientLimits), when it has them."""
+        caps = {name: getattr(client_limits, name, None)
+                for name in ("max_n", "max_prompt_chars", "max_stop_strings", "max_stop_string_chars")}
+        return cls(context_length=context_length, vocab_size=vocab_size, **caps)
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorResponse(msgspec.Struct):
+    """Every 4xx/5xx answer: OpenAI's error shape."""
+
+    error: ErrorDetail
+
+
+# Static bounds, by field name, of every request struct that has the field (SGLang and OpenAI names alike).
+BOUNDS: dict[str, dict[str, Any]] = {
+    "temperature": {"minimum": 0, "maximum": 100},
+    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"minimum": -1, "not": {"const": 0}},
+    "min_p": {"minimum": 0, "maximum": 1},
+    "repetition_penalty": {"exclusiveMinimum": 0, "maximum": 2},
+    "frequency_penalty": {"minimum": -2, "maximum": 2},
+    "presence_penalty": {"minimum": -2, "maximum": 2},
+    "n": {"minimum": 1, "maximum": MAX_N},
+    "seed": {"minimum": 0, "maximum": MAX_SEED},
+    "logprob_start_len": {"minimum": -1},
+}
+TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
+STRUCTS = [GenerateBody, AbortBody, oai.CompletionRequest, oai.ChatCompletionRequest, ErrorResponse]
+
+MESSAGE_SCHEMA = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {
+        "role": {"enum": sorted(oai.ROLES)},
+        "content": {"anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "object", "required": ["type", "text"], "properties": {
+                "type": {"const": "text"}, "text": {"type": "string"}}}},
+            {"type": "null"},
+        ]},
+        "name": {"type": "string"},
+    },
+}
+
+
+def _branches(prop: dict[str, Any], kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The parts of a property schema of the given JSON types (``X | None`` is an anyOf of X and null)."""
+    options = prop.get("anyOf", [prop])
+    return [o for o in options if o.get("type") in kinds]
+
+
+def _constrain(prop: dict[str, Any], bounds: dict[str, Any]) -> None:
+    for branch in _branches(prop, ("integer", "number")):
+        branch.update(bounds)
+
+
+def _max(key: str, value: int | None) -> dict[str, int]:
+    return {} if value is None else {key: value}
+
+
+def _token_ids(vocab_size: int) -> dict[str, Any]:
+    return {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": vocab_size - 1}, "minItems": 1}
+
+
+def _int64(node: Any) -> None:
+    """Every integer the server takes is a 64-bit one (decode_request refuses others)."""
+    if isinstance(node, list):
+        for item in node:
+            _int64(item)
+    elif isinstance(node, dict):
+        if node.get("type") == "integer":
+            node.setdefault("minimum", oai.INT64_MIN)
+            node.setdefault("maximum", oai.INT64_MAX)
+        for value in node.values():
+            _int64(value)
+
+
+def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> None:
+    token = {"minimum": 0, "maximum": limits.vocab_size - 1}
+    for struct in components.values():
+        props = struct.get("properties", {})
+        for name, prop in props.items():
+            if name in BOUNDS:
+                _constrain(prop, BOUNDS[name])
+            elif name in TOKEN_COUNTS:
+                _constrain(prop, {"minimum": 0, "maximum": limits.context_length})
+        if "n" in props and limits.max_n is not None:
+            _constrain(props["n"], {"maximum": min(limits.max_n, MAX_N)})
+        if "stop" in props:
+            stop = {"type": "string", "minLength": 1, **_max("maxLength", limits.max_stop_string_chars)}
+            for branch in _branches(props["stop"], ("string",)):
+                branch.update(stop)
+            for branch in _branches(props["stop"], ("array",)):
+                branch.update({"items": stop, **_max("maxItems", limits.max_stop_strings)})
+        if "stop_token_ids" in props:
+            for branch in _branches(props["stop_token_ids"], ("array",)):
+                branch["items"] = {"type": "integer", **token}
+        if "choices" in props:
+            for branch in _branches(props["choices"], ("array",)):
+                branch["minItems"] = 1
+
+    generate = components["GenerateBody"]["properties"]
+    _constrain(generate["top_logprobs_num"], {"minimum": 0, "maximum": limits.vocab_size})
+    prompt_text = {"type": "string", "minLength": 1, **_max("maxLength", limits.max_prompt_chars)}
+    for branch in _branches(generate["text"], ("string",)):
+        branch.update(prompt_text)
+    for branch in _branches(generate["text"], ("array",)):
+        branch.update({"items": prompt_text, "minItems": 1})
+    ids = _token_ids(limits.vocab_size)
+    generate["input_ids"]["anyOf"] = [ids, {"type": "array", "items": ids, "minItems": 1}, {"type": "null"}]
+
+    completion = components["CompletionRequest"]["properties"]
+    _constrain(completion["logprobs"], {"minimum": 0, "maximum": limits.max_top_logprobs})
+    completion["prompt"] = {"anyOf": [
+        prompt_text,
+        {"type": "array", "items": prompt_text, "minItems": 1},
+        ids,
+        {"type": "array", "items": ids, "minItems": 1},
+    ]}
+
+    chat = components["ChatCompletionRequest"]["properties"]
+    _constrain(chat["top_logprobs"], {"minimum": 0, "maximum": limits.max_top_logprobs})
+    chat["messages"] = {"type": "array", "items": MESSAGE_SCHEMA, "minItems": 1}
+    for name in ("GenerateBody", "SamplingParams", "CompletionRequest", "ChatCompletionRequest"):
+        _int64(components[name])
+
+
+def _json_body(name: str) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(name=name)}}}}
+
+
+def _responses(ok: dict[str, Any], *errors: int) -> dict[str, Any]:
+    error = {"content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorResponse")}}}}
+    out: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
+    for code in errors:
+        out[str(code)] = {"description": {400: "bad request", 404: "unknown model", 405: "method not allowed",
+                                          503: "overloaded or the runtime is down"}[code], **error}
+    return out
+
+
+def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
+    _, components = msgspec.json.schema_components(STRUCTS, ref_template=REF)
+    assert "SamplingParams" in components, "GenerateBody must reference SamplingParams"
+    _apply_limits(components, limits)
+    json_ok = {"application/json": {"schema": {}}}
+    stream_ok = {"application/json": {"schema": {}}, "text/event-stream": {"schema": {"type": "string"}}}
+    text_ok = {"text/plain": {"schema": {"type": "string"}}}
+
+    def get(summary: str, ok: dict[str, Any] = json_ok, *errors: int) -> dict[str, Any]:
+        return {"summary": summary, "responses": _responses(ok, *errors)}
+
+    def post(summary: str, body: str, ok: dict[str, Any], *errors: int) -> dict[str, Any]:
+        return {"summary": summary, "requestBody": _json_body(body), "responses": _responses(ok, *errors)}
+
+    flush = get("drop the prefix cache (refused while requests are in flight)", text_ok, 400, 503)
+    paths = {
+        "/generate": {"post": post("generate (SGLang's native API)", "GenerateBody", stream_ok, 400, 503)},
+        "/v1/completions": {"post": post("OpenAI completions", "CompletionRequest", stream_ok, 400, 404, 503)},
+        "/v1/chat/completions": {"post": post("OpenAI chat completions", "ChatCompletionRequest", stream_ok,
+                                              400, 404, 503)},
+        "/v1/models": {"get": get("the served model")},
+        "/get_model_info": {"get": get("model path and limits")},
+        "/get_server_info": {"get": get("server args, scheduler stats, pids and ipc dir", json_ok, 503)},
+        "/flush_cache": {"get": flush, "post": flush},
+        "/abort_request": {"post": post("abort one request by rid, or all", "AbortBody", json_ok, 400)},
+        "/health": {"get": get("200 while every process is alive", json_ok, 503)},
+        "/metrics": {"get": get("Prometheus text exposition", text_ok)},
+        "/openapi.json": {"get": get("this document")},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "radixrt", "version": version,
+                 "description": "SGLang's native API and the OpenAI-compatible API of one radixrt runtime"},
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+
