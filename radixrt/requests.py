@@ -2,6 +2,8 @@
 
 ``prepare`` takes exactly one of text and input_ids (one prompt or a batch), one sampling-params dict or one per
 prompt, and the logprob options; it checks every sequence with ``validate_request`` before anything is queued.
+``ClientLimits`` are the server's bounds on what one client may ask (prompt characters, checked before the
+text is tokenized; ``n``; stop strings); the in-process Engine sets none.
 ``expand`` turns each prompt into ``n`` messages (n > 1: seeds seed, seed+1, ...; the copies share the prompt
 through the prefix cache). Torch-free: the HTTP process runs it.
 """
@@ -16,6 +18,40 @@ import msgspec
 from radixrt.messages import GenerateReq
 from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.validation import ModelLimits, RequestError, grammar_of, validate_request
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    max_prompt_chars: int | None = None
+    max_n: int | None = None
+    max_stop_strings: int | None = None
+    max_stop_string_chars: int | None = None
+
+    @classmethod
+    def of_server(cls, args: Any, context_length: int) -> "ClientLimits":
+        """The limits of ``radixrt serve`` (ServerArgs); prompt characters default to 32 per context token."""
+        return cls(max_prompt_chars=args.max_prompt_chars or 32 * context_length, max_n=args.max_n,
+                   max_stop_strings=args.max_stop_strings, max_stop_string_chars=args.max_stop_string_chars)
+
+    def check_text(self, text: str, what: str = "the prompt") -> None:
+        self.check_chars(len(text), what)
+
+    def check_chars(self, chars: int, what: str = "the prompt") -> None:
+        if self.max_prompt_chars is not None and chars > self.max_prompt_chars:
+            raise RequestError(f"{what} has {chars} characters; this server takes at most "
+                               f"{self.max_prompt_chars}")
+
+    def check_params(self, params: SamplingParams) -> None:
+        if self.max_n is not None and params.n > self.max_n:
+            raise RequestError(f"n must be <= {self.max_n} on this server")
+        stops = params.stop or []
+        if self.max_stop_strings is not None and len(stops) > self.max_stop_strings:
+            raise RequestError(f"at most {self.max_stop_strings} stop strings are allowed")
+        if self.max_stop_string_chars is not None and any(len(s) > self.max_stop_string_chars for s in stops):
+            raise RequestError(f"stop strings must be at most {self.max_stop_string_chars} characters")
+
+
+NO_LIMITS = ClientLimits()
 
 
 @dataclass
@@ -50,15 +86,19 @@ def _token_ids(values: Any) -> list[int]:
 
 def prepare(prompt: Any, sampling_params: Any, input_ids: Any, *, encode: Callable[[str], list[int]],
             limits: ModelLimits, return_logprob: bool = False, logprob_start_len: int | None = None,
-            top_logprobs_num: int | None = None) -> Prepared:
+            top_logprobs_num: int | None = None, client_limits: ClientLimits = NO_LIMITS) -> Prepared:
+    """Everything cheap is checked before the text is tokenized; then every sequence is validated."""
     if (prompt is None) == (input_ids is None):
         raise RequestError("pass exactly one of text and input_ids")
+    texts: list[str] | None = None
     if prompt is not None:
         batched = isinstance(prompt, list)
         texts = prompt if batched else [prompt]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise RequestError("text must be a string or a non-empty list of strings")
-        ids = [encode(t) for t in texts]
+        for t in texts:
+            client_limits.check_text(t)
+        count = len(texts)
     else:
         if not isinstance(input_ids, list):
             raise RequestError("input_ids must be a list of token ids or a list of such lists")
@@ -66,12 +106,17 @@ def prepare(prompt: Any, sampling_params: Any, input_ids: Any, *, encode: Callab
         ids = [_token_ids(x) for x in input_ids] if batched else [_token_ids(input_ids)]
         if not ids:
             raise RequestError("input_ids must not be empty")
+        count = len(ids)
     if isinstance(sampling_params, list):
-        if len(sampling_params) != len(ids):
-            raise RequestError(f"{len(sampling_params)} sampling_params for {len(ids)} prompts")
+        if len(sampling_params) != count:
+            raise RequestError(f"{len(sampling_params)} sampling_params for {count} prompts")
         params = [params_from(p) for p in sampling_params]
     else:
-        params = [params_from(sampling_params)] * len(ids)
+        params = [params_from(sampling_params)] * count
+    for one_params in params:
+        client_limits.check_params(one_params)
+    if texts is not None:
+        ids = [encode(t) for t in texts]
     prepared = Prepared(ids, params, batched, return_logprob, logprob_start_len, top_logprobs_num)
     for one_ids, one_params in zip(ids, params):
         validate_request(one_ids, one_params, limits, return_logprob=return_logprob,

@@ -14,7 +14,7 @@ import asyncio
 from fastapi import Request
 
 from radixrt.scheduler.validation import RequestError
-from radixrt.server.tokenizer_manager import ReqState, ServerDown, TokenizerManager
+from radixrt.server.tokenizer_manager import ReqState, RequestFailed, ServerDown, TokenizerManager
 
 
 class ClientGone(Exception):
@@ -61,6 +61,10 @@ def raise_for_failures(states: list[ReqState]) -> None:
         message = s.request_error()
         if message is not None:
             raise RequestError(message)
+    for s in states:
+        message = s.server_error()
+        if message is not None:
+            raise RequestFailed(message)
 
 
 async def first_output(watch: ClientWatch, states: list[ReqState]) -> None:

@@ -5,13 +5,14 @@ OpenAI:  POST /v1/completions, POST /v1/chat/completions, GET /v1/models
 Ops:     GET /health, GET /metrics (Prometheus text), GET /openapi.json (radixrt.server.openapi)
 
 Errors are OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``) with a 4xx code for bad
-input, 503 when the waiting queue is full or the runtime is down. A client that closes its connection
+input, 500 when the runtime failed while serving that request (the others go on), 503 when the waiting queue
+is full or the runtime is down. Tokenizing, chat templating and decoding run off the event loop
+(``tm.off_loop``); keys, body size and slow clients are handled in front of the app (radixrt.server.security). A client that closes its connection
 before its answer is complete has its requests aborted at once (client_wait; streams: AbortOnCloseStream).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -26,7 +27,7 @@ from radixrt.server.client_wait import ClientGone, gather, wait_any
 from radixrt.server.metrics import render
 from radixrt.server.native_protocol import AbortBody, GenerateBody
 from radixrt.server.openapi import ApiLimits, build_openapi
-from radixrt.server.tokenizer_manager import Overloaded, ReqState, ServerDown, TokenizerManager
+from radixrt.server.tokenizer_manager import Overloaded, ReqState, RequestFailed, ServerDown, TokenizerManager
 from radixrt.tokenizer import apply_chat_template
 
 logger = logging.getLogger("radixrt.http")
@@ -87,6 +88,8 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
                 return error_response(str(exc), 503)
             except ServerDown as exc:
                 return error_response(f"the runtime is unavailable: {exc}", 503)
+            except RequestFailed as exc:
+                return error_response(str(exc), 500)
             except ClientGone:
                 return Response(status_code=499)
             except Exception as exc:  # keep serving everyone else
@@ -114,11 +117,8 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
     @route("/generate", ["POST"])
     async def generate(request: Request) -> Response:
         body = oai.decode_request(await request.body(), GenerateBody)
-        ids, params, batched = tm.prepare(body.text, body.sampling_dicts(), body.input_ids)
-        if body.top_logprobs_num is not None and not 0 <= body.top_logprobs_num <= tm.vocab_size:
-            raise RequestError(f"top_logprobs_num must be in [0, {tm.vocab_size}]")
-        if body.logprob_start_len is not None and body.logprob_start_len < -1:
-            raise RequestError("logprob_start_len must be >= -1")
+        ids, params, batched = await tm.off_loop(tm.prepare, body.text, body.sampling_dicts(), body.input_ids,
+                                                 body.return_logprob, body.logprob_start_len, body.top_logprobs_num)
         rids = None if body.rid is None else ([body.rid] if isinstance(body.rid, str) else body.rid)
         if body.stream and (batched or sum(p.n for p in params) != 1):
             raise RequestError("stream=True takes one prompt with n=1")
@@ -147,6 +147,9 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
                     if state.error is not None and state.error != "aborted":
                         yield sse(error_body(state.error, 503))
                         break
+                    if state.server_error() is not None:
+                        yield sse(error_body(state.server_error(), 500))
+                        break
                     yield sse(result(state))
                     if state.finished:
                         break
@@ -166,7 +169,7 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
     async def get_server_info(request: Request) -> Response:
         out = await tm.stats()
         return json_response({
-            "server_args": dataclasses.asdict(tm.args),
+            "server_args": tm.args.public_dict(),
             "model_info": tm.model_info,
             "stats": tm.stats_dict(out),
             "requests_in_flight": len(tm.states),
@@ -230,6 +233,7 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
         req = oai.decode_request(await request.body(), oai.ChatCompletionRequest)
         model = check_model(req.model)
         oai.check_common(req)
+        oai.check_chat_limits(req, tm.args.max_messages, tm.args.max_tools, tm.client_limits)
         if req.tools or req.tool_choice not in (None, "none"):
             raise RequestError("tools are not supported")
         if req.top_logprobs is not None:
@@ -239,7 +243,7 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
                 raise RequestError("top_logprobs requires logprobs to be true")
         messages = oai.chat_messages(req.messages)
         try:
-            ids = apply_chat_template(tm.tokenizer, messages)
+            ids = await tm.off_loop(apply_chat_template, tm.tokenizer, messages)
         except Exception as exc:  # template errors (e.g. roles out of order) are the client's
             raise RequestError(f"cannot apply the chat template: {exc}") from None
         if req.max_tokens is not None and req.max_completion_tokens is not None:
@@ -281,7 +285,8 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
         ids = []
         for p in prompts:
             if isinstance(p, str):
-                ids.append(tm.encode(p))
+                tm.client_limits.check_text(p)
+                ids.append(await tm.off_loop(tm.encode, p))
             else:
                 if not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
                     raise RequestError("token id prompts must hold integers only")
@@ -298,7 +303,7 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
             param_list.append(params)
         top = req.logprobs or 0
         states = tm.submit_all(ids, param_list, req.logprobs is not None, None, top)
-        echo = [tm.tokenizer.decode(one) if req.echo else "" for one in ids for _ in range(req.n)]
+        echo = [await tm.off_loop(tm.tokenizer.decode, one) if req.echo else "" for one in ids for _ in range(req.n)]
         return await _respond(request, req, states, model, chat=False, n=req.n, echo=echo)
 
     async def _respond(request: Request, req, states: list[ReqState], model: str, chat: bool, n: int,
@@ -359,6 +364,10 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
                 for s in states:
                     if s.error is not None and s.error != "aborted":
                         yield sse(error_body(s.error, 503))
+                        yield SSE_DONE
+                        return
+                    if s.server_error() is not None:
+                        yield sse(error_body(s.server_error(), 500))
                         yield SSE_DONE
                         return
                 out = []

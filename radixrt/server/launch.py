@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import logging
 import os
@@ -60,10 +61,25 @@ def _stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
             p.wait()
 
 
+def _without_secrets(args: ServerArgs) -> dict:
+    """The scheduler's options: no keys on a command line that `ps` shows (the scheduler needs none)."""
+    return {**dataclasses.asdict(args), **{name: None for name in ServerArgs.SECRETS}}
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def serve(args: ServerArgs) -> int:
     from radixrt.model.weights import resolve_model_path
 
     logging.basicConfig(level=logging.INFO, format="[server %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    if not args.api_key and not _is_loopback(args.host):
+        logger.warning("binding %s without an API key: anyone who can reach this port can use the server, flush "
+                       "its cache and abort requests; pass --api-key (docs/SECURITY.md)", args.host)
     model_path = str(resolve_model_path(args.model))  # fetch/convert once, before the scheduler needs it
     compute_env = dict(os.environ)  # the scheduler gets the machine's compute threads
     pin_helper_threads()  # this process and the detokenizer: one thread, no OpenMP spinning
@@ -81,7 +97,7 @@ def serve(args: ServerArgs) -> int:
     try:
         pid = str(os.getpid())
         procs["scheduler"] = _spawn("radixrt.server.scheduler_process",
-                                    [json.dumps(dataclasses.asdict(args)), ipc_dir, pid], compute_env)
+                                    [json.dumps(_without_secrets(args)), ipc_dir, pid], compute_env)
         procs["detokenizer"] = _spawn("radixrt.server.detokenizer_process", [model_path, ipc_dir, pid], helper_env)
         from radixrt.tokenizer import load_tokenizer
 
@@ -114,6 +130,7 @@ async def _main(args: ServerArgs, paths: IpcPaths, tokenizer, procs: dict[str, s
     import uvicorn
 
     from radixrt.server.http_server import create_app
+    from radixrt.server.security import GuardedH11Protocol, RequestGuard
     from radixrt.server.tokenizer_manager import TokenizerManager
 
     class Server(uvicorn.Server):
@@ -150,9 +167,12 @@ async def _main(args: ServerArgs, paths: IpcPaths, tokenizer, procs: dict[str, s
         def health() -> str | None:
             return problem_seen[0] if problem_seen else _dead_helper(procs)
 
-        app = create_app(tm, health)
+        app = RequestGuard(create_app(tm, health), api_key=args.api_key, admin_api_key=args.admin_api_key,
+                           max_body_bytes=args.max_request_bytes, body_timeout=args.request_body_timeout)
+        GuardedH11Protocol.header_timeout = args.request_header_timeout
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=30)
+                                lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=30,
+                                http=GuardedH11Protocol, limit_concurrency=args.max_connections)
         server = Server(config)
 
         async def watchdog() -> None:

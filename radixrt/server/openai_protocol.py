@@ -115,6 +115,23 @@ def check_common(req: _Common) -> None:
         raise RequestError("logit_bias is not supported")
 
 
+def check_chat_limits(req: ChatCompletionRequest, max_messages: int, max_tools: int, limits: Any) -> None:
+    """The server's bounds on a chat request, checked before the chat template runs."""
+    if len(req.messages) > max_messages:
+        raise RequestError(f"at most {max_messages} messages are allowed in one request")
+    if req.tools is not None and len(req.tools) > max_tools:
+        raise RequestError(f"at most {max_tools} tools are allowed in one request")
+    chars = 0
+    for m in req.messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(p.get("text") or "") for p in content if isinstance(p, dict)
+                         and isinstance(p.get("text"), str))
+    limits.check_chars(chars, "the messages")
+
+
 def sampling_dict(req: _Common, max_new_tokens: int) -> dict[str, Any]:
     """OpenAI fields -> radixrt sampling params (validated afterwards by SamplingParams / validate_request)."""
     out: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}

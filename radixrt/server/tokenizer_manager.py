@@ -9,12 +9,14 @@ Each request's deltas fold into a ResponseBuilder (the Engine's, so /generate re
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
 import uuid
 from collections import deque
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
 
 import msgspec
 import zmq
@@ -31,7 +33,7 @@ from radixrt.messages import (
     StatsReq,
 )
 from radixrt.output import ResponseBuilder
-from radixrt.requests import Prepared, expand, params_from, prepare
+from radixrt.requests import ClientLimits, Prepared, expand, params_from, prepare
 from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.validation import ModelLimits, RequestError, validate_request
 from radixrt.server.ipc import ENCODER, IpcPaths, TokenizerInbound, decoder
@@ -39,6 +41,7 @@ from radixrt.server.metrics import Metrics
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.tokenizer_manager")
+T = TypeVar("T")
 
 
 class Overloaded(RuntimeError):
@@ -49,8 +52,13 @@ class ServerDown(RuntimeError):
     """The scheduler or detokenizer process is gone (HTTP 503)."""
 
 
+class RequestFailed(RuntimeError):
+    """The runtime failed while serving this request (its batch's forward, its output); others go on (HTTP 500)."""
+
+
 class ReqState:
-    __slots__ = ("rid", "builder", "event", "created", "first_token_at", "last_token_at", "error", "index")
+    __slots__ = ("rid", "builder", "event", "created", "first_token_at", "last_token_at", "error", "index",
+                 "prompt_ids")
 
     def __init__(self, rid: str, builder: ResponseBuilder, event: asyncio.Event, index: int) -> None:
         self.rid = rid
@@ -61,6 +69,7 @@ class ReqState:
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.error: str | None = None  # set when the server side failed (not a request error)
+        self.prompt_ids: list[int] | None = None  # kept only with --log-requests
 
     @property
     def finished(self) -> bool:
@@ -98,6 +107,9 @@ class TokenizerManager:
         self._flush_waiters: deque[asyncio.Future] = deque()
         self._ready_event: asyncio.Event | None = None
         self._token_text_cache: dict[int, str] = {}
+        # Tokenizing, chat templating and detokenizing run here, off the event loop: a large request costs
+        # only its own latency, never the other clients'.
+        self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixrt-tokenize")
 
     # ----- sockets ------------------------------------------------------------------------------------
 
@@ -116,7 +128,12 @@ class TokenizerManager:
     async def wait_ready(self) -> None:
         await self._ready_event.wait()
 
+    async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run blocking work (tokenizing, templating, decoding) in the worker threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._workers, functools.partial(fn, *args, **kwargs))
+
     def close(self) -> None:
+        self._workers.shutdown(wait=False, cancel_futures=True)
         task = getattr(self, "_recv_task", None)
         if task is not None:
             task.cancel()
@@ -172,6 +189,7 @@ class TokenizerManager:
             if state.builder.finished:
                 del self.states[out.rid]
                 self._count_finished(state, now)
+                self._log_finished(state, now)
                 if state.server_error() is not None:  # failed after the scheduler (detokenizer): free its pages
                     self.to_scheduler.send(ENCODER.encode(AbortReq(rid=out.rid)))
             if id(state.event) not in touched:
@@ -192,6 +210,20 @@ class TokenizerManager:
         m.generation_tokens += meta.get("completion_tokens", 0)
         m.cached_tokens += meta.get("cached_tokens", 0)
         m.e2e.observe(now - state.created)
+
+    def _log_finished(self, state: ReqState, now: float) -> None:
+        """One line a request: sizes, timings and outcome; its text only with --log-requests."""
+        meta = state.builder.meta
+        reason = meta.get("finish_reason") or {}
+        line = (f"request {state.rid}: {reason.get('type')} after {now - state.created:.3f} s, "
+                f"prompt {meta.get('prompt_tokens', 0)} tokens ({meta.get('cached_tokens', 0)} cached), "
+                f"output {meta.get('completion_tokens', 0)} tokens")
+        if reason.get("type") == "abort" and reason.get("message") not in (None, "aborted"):
+            line += f", error {reason.get('status_code', 400)}"
+        if self.args.log_requests:
+            prompt = self.tokenizer.decode(state.prompt_ids) if state.prompt_ids else ""
+            line += f"; prompt {prompt!r}; output {state.builder.text!r}"
+        logger.info("%s", line)
 
     # ----- the model's limits -------------------------------------------------------------------------
 
@@ -234,7 +266,12 @@ class TokenizerManager:
         return ModelLimits(vocab_size=r.vocab_size, context_length=r.context_length, page_size=r.page_size,
                            num_pages=r.num_pages)
 
+    @property
+    def client_limits(self) -> ClientLimits:
+        return ClientLimits.of_server(self.args, self.ready.context_length)
+
     def validate(self, ids: list[int], params: SamplingParams) -> None:
+        self.client_limits.check_params(params)
         validate_request(ids, params, self.limits)
 
     def prepare(self, prompt, sampling_params, input_ids, return_logprob: bool = False,
@@ -244,7 +281,7 @@ class TokenizerManager:
         one per prompt; every sequence validated with its logprob options."""
         p = prepare(prompt, sampling_params, input_ids, encode=self.encode, limits=self.limits,
                     return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                    top_logprobs_num=top_logprobs_num)
+                    top_logprobs_num=top_logprobs_num, client_limits=self.client_limits)
         return p.ids, p.params, p.batched
 
     @staticmethod
@@ -280,6 +317,8 @@ class TokenizerManager:
         states = []
         for i, msg in enumerate(messages):
             state = ReqState(msg.rid, ResponseBuilder(msg.rid, return_logprob, msg.top_logprobs_num), event, i)
+            if self.args.log_requests:
+                state.prompt_ids = msg.input_ids
             self.states[msg.rid] = state
             self.to_scheduler.send(ENCODER.encode(msg))
             states.append(state)

@@ -1,0 +1,37 @@
+"""How a request's end maps to an HTTP answer: a refused request is a 400, a failure inside the runtime a 500
+(the other requests go on), a client's own abort no error at all."""
+
+import asyncio
+
+import pytest
+
+from radixrt.messages import ReqDelta, StrDelta
+from radixrt.output import ResponseBuilder
+from radixrt.scheduler.validation import RequestError
+from radixrt.server.client_wait import raise_for_failures
+from radixrt.server.tokenizer_manager import ReqState, RequestFailed
+
+
+def finished_state(reason: dict) -> ReqState:
+    state = ReqState("r1", ResponseBuilder("r1"), asyncio.Event(), 0)
+    state.builder.add(StrDelta(rid="r1", text="", delta=ReqDelta(rid="r1", new_ids=[], finish_reason=reason)))
+    return state
+
+
+def test_a_runtime_failure_is_a_500():
+    state = finished_state({"type": "abort", "message": "internal error while sampling: boom", "status_code": 500})
+    assert state.server_error() and state.request_error() is None
+    with pytest.raises(RequestFailed, match="boom"):
+        raise_for_failures([state])
+
+
+@pytest.mark.parametrize("reason", [{"type": "abort", "message": "invalid grammar: x", "status_code": 400},
+                                    {"type": "abort", "message": "invalid grammar: x"}])
+def test_a_refused_request_is_a_400(reason):
+    with pytest.raises(RequestError, match="invalid grammar"):
+        raise_for_failures([finished_state(reason)])
+
+
+def test_a_client_abort_is_no_error():
+    raise_for_failures([finished_state({"type": "abort", "message": "aborted", "status_code": 499})])
+    raise_for_failures([finished_state({"type": "length", "matched": None})])
