@@ -4,8 +4,13 @@
 of small torch ops of a decoder layer. ``paged_decode`` reads each request's K/V pages where they lie in the
 pool: the torch path must first copy every request's whole history (``gather_pages``) and then read the copy
 again, which at long contexts costs more than the attention itself. Build once: ``python -m radixrt.kernels.cpu_kernels`` (about 50 s with
-gcc; later loads take well under a second). Where no compiler is found the runtime keeps the torch path
-(a warning says why); ``RADIXRT_DISABLE_CPU_KERNELS=1`` keeps it deliberately.
+gcc; later loads take well under a second).
+
+Contract of :func:`load`: where the toolchain is present (the C++ compiler torch's extension builder would
+call, ``$CXX`` else ``c++``, and ninja) the kernels must build, and a failed build raises
+:class:`KernelBuildError` with the compiler's message; where either is missing the runtime keeps the torch
+path and logs once why (:func:`unavailable_reason`). ``RADIXRT_DISABLE_CPU_KERNELS=1`` keeps the torch path
+deliberately.
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
+import shutil
+import sys
+import sysconfig
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -52,23 +61,65 @@ def _build_name() -> str:
     return f"radixrt_cpu_{digest.hexdigest()[:12]}"
 
 
+class KernelBuildError(RuntimeError):
+    """The toolchain is present but the kernels failed to build or load; the message carries the compiler's."""
+
+
+def _cxx_compiler() -> str:
+    from torch.utils.cpp_extension import get_cxx_compiler
+
+    return get_cxx_compiler()
+
+
+def _find_ninja() -> str | None:
+    """ninja on PATH, else the one the ``ninja`` package put next to this interpreter (a venv not activated)."""
+    found = shutil.which("ninja")
+    if found is None:
+        found = shutil.which("ninja", path=sysconfig.get_path("scripts"))
+    return found
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels are off here by design (switched off, no compiler, no ninja), or None: they must build."""
+    if not enabled():
+        return "switched off by RADIXRT_DISABLE_CPU_KERNELS=1"
+    compiler = _cxx_compiler()
+    words = shlex.split(compiler)  # CXX may carry a launcher ("ccache g++")
+    if not words or shutil.which(words[0]) is None:
+        return f"no C++ compiler: {compiler!r} (torch's choice: $CXX, else c++) is not on PATH"
+    if _find_ninja() is None:
+        return "no ninja, which torch's extension builder needs (pip install ninja)"
+    return None
+
+
 @lru_cache(maxsize=1)
 def load() -> ModuleType | None:
-    """The compiled kernels, or None where they are disabled or cannot be built here."""
-    if not enabled():
-        return None
-    try:
-        from torch.utils.cpp_extension import load as load_extension
+    """The compiled kernels, or None where :func:`unavailable_reason` says why (logged once).
 
+    Raises :class:`KernelBuildError` where the toolchain is present but the build fails (not cached: the next
+    call tries again).
+    """
+    reason = unavailable_reason()
+    if reason is not None:
+        (logger.info if not enabled() else logger.warning)("CPU kernels not built, using the torch path: %s", reason)
+        return None
+    ninja_dir = str(Path(_find_ninja()).parent)
+    if ninja_dir not in os.environ.get("PATH", "").split(os.pathsep):  # torch runs "ninja" from PATH
+        os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), ninja_dir]).strip(os.pathsep)
+    from torch.utils.cpp_extension import load as load_extension
+
+    try:
         return load_extension(
             name=_build_name(),
             sources=[str(s) for s in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp", *_vector_flags(_cpu_flags())],
             extra_ldflags=["-fopenmp"],
         )
-    except Exception as exc:  # no compiler, no ninja, a failed build: the torch path still works
-        logger.warning("CPU kernels unavailable, using the torch path: %s", str(exc).splitlines()[0])
-        return None
+    except Exception as exc:
+        raise KernelBuildError(
+            f"the CPU kernels failed to build with {_cxx_compiler()!r} (RADIXRT_DISABLE_CPU_KERNELS=1 runs the "
+            f"torch path instead): {exc}"
+        ) from exc
 
 
 def usable_for(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -116,5 +167,16 @@ def _module() -> ModuleType:
     return module
 
 
+def main() -> int:
+    """``python -m radixrt.kernels.cpu_kernels``: build (or load) the kernels; 1 where the build failed."""
+    try:
+        module = load()
+    except KernelBuildError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"built: {module.__file__}" if module is not None else f"not built, the torch path runs: {unavailable_reason()}")
+    return 0
+
+
 if __name__ == "__main__":
-    print("built" if load() is not None else "not available (see the warning above)")
+    sys.exit(main())

@@ -19,3 +19,17 @@ def default_model_path() -> Path:
     from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
 
     return resolve_model_path(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def cpu_kernel_module():
+    """The built C++ CPU kernels. Skips only where they are off by design (switched off, no compiler or no
+    ninja); where the toolchain is present a failed build raises here, so the tests error instead of skipping."""
+    from radixrt.kernels import cpu_kernels
+
+    reason = cpu_kernels.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"CPU kernels off here: {reason}")
+    module = cpu_kernels.load()
+    assert module is not None
+    return module

@@ -8,7 +8,8 @@ from radixrt.kernels import cpu_kernels
 from radixrt.model import layers
 from radixrt.model.layers import RMSNorm, RotaryEmbedding, silu_and_mul
 
-pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C++ toolchain to build the CPU kernels")
+# Skipped only where the kernels are off by design; a failed build with a compiler present errors.
+pytestmark = pytest.mark.usefixtures("cpu_kernel_module")
 
 # fp32 differs from the torch ops only in summation order and FMA contraction; bf16/fp16 round identically
 # except where the two exp implementations differ in the last bit.

@@ -64,9 +64,9 @@ def test_env_var_keeps_f_linear():
 @pytest.mark.parametrize("family", ["llama", "untied-gqa1"])
 def test_runner_logits_same_packed_or_not(tmp_path, monkeypatch, family):
     save_tiny_model(family, tmp_path)
-    packed = ModelRunner(tmp_path, num_pages=16, page_size=4)
+    packed = ModelRunner(tmp_path, dtype="float32", num_pages=16, page_size=4)
     monkeypatch.setenv("RADIXRT_DISABLE_PACKED_LINEAR", "1")
-    plain = ModelRunner(tmp_path, num_pages=16, page_size=4)
+    plain = ModelRunner(tmp_path, dtype="float32", num_pages=16, page_size=4)
     assert packed.packed_linears == 2 * 4 + 1 and plain.packed_linears == 0
     assert packed.model.packed_head is not None
     batch = [SeqChunk([1, 5, 9, 30, 2], 0, [1, 2], logits_from=0), SeqChunk([7, 3], 0, [3])]

@@ -24,7 +24,7 @@ def load(name):
 def backend(default_model_path):
     import radixrt as sgl
 
-    engine = sgl.Engine()
+    engine = sgl.Engine(dtype="float32")  # the checks below read greedy answers: one dtype on every CPU
     yield sgl.EngineBackend(engine)
     engine.shutdown()
 

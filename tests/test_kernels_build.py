@@ -1,0 +1,105 @@
+"""Building the C++ CPU kernels: a failed build with a toolchain present raises (and fails `make kernels`);
+without a compiler or ninja the torch path runs and one log line says why; the switch turns them off."""
+
+import logging
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from radixrt.kernels import cpu_kernels
+
+BROKEN_SOURCE = "int broken_kernel( { return 0; }\n"
+needs_toolchain = pytest.mark.skipif(cpu_kernels.unavailable_reason() is not None,
+                                     reason=f"builds C++: {cpu_kernels.unavailable_reason()}")
+
+
+@pytest.fixture
+def fresh_load(monkeypatch):
+    """load() recomputed under this test's patches, and again afterwards under the real environment."""
+    cpu_kernels.load.cache_clear()
+    yield cpu_kernels.load
+    cpu_kernels.load.cache_clear()
+
+
+@pytest.fixture
+def broken_sources(tmp_path, monkeypatch):
+    """A source that cannot compile, built under a temporary extensions folder (the real cache is untouched)."""
+    source = tmp_path / "broken_kernel.cpp"
+    source.write_text(BROKEN_SOURCE)
+    monkeypatch.setattr(cpu_kernels, "SOURCES", [source])
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    return source
+
+
+@needs_toolchain
+def test_failed_build_raises_with_the_compilers_message(fresh_load, broken_sources):
+    with pytest.raises(cpu_kernels.KernelBuildError, match="failed to build") as failure:
+        fresh_load()
+    message = str(failure.value)
+    assert "broken_kernel.cpp:1:" in message and "error:" in message  # the compiler's own diagnostic
+    assert "RADIXRT_DISABLE_CPU_KERNELS=1" in message
+    assert any(broken_sources.parent.joinpath("extensions").rglob("build.ninja"))  # built in the temp folder
+
+
+def test_no_compiler_keeps_the_torch_path_and_logs_once(fresh_load, broken_sources, monkeypatch, caplog):
+    monkeypatch.setenv("CXX", "/nonexistent/radixrt-c++")
+    with caplog.at_level(logging.INFO, logger=cpu_kernels.__name__):
+        assert fresh_load() is None
+        assert fresh_load() is None
+    assert len(caplog.records) == 1
+    assert "no C++ compiler" in caplog.text and "/nonexistent/radixrt-c++" in caplog.text
+    assert caplog.records[0].levelno == logging.WARNING
+
+
+def test_no_ninja_keeps_the_torch_path(fresh_load, broken_sources, monkeypatch, caplog):
+    monkeypatch.setenv("CXX", sys.executable)  # any program that exists stands in for the compiler
+    monkeypatch.setattr(cpu_kernels, "_find_ninja", lambda: None)
+    with caplog.at_level(logging.INFO, logger=cpu_kernels.__name__):
+        assert fresh_load() is None
+    assert "no ninja" in cpu_kernels.unavailable_reason() and "no ninja" in caplog.text
+
+
+def test_switch_turns_the_kernels_off_without_building(fresh_load, broken_sources, monkeypatch):
+    monkeypatch.setenv("RADIXRT_DISABLE_CPU_KERNELS", "1")
+    assert fresh_load() is None
+    assert "RADIXRT_DISABLE_CPU_KERNELS=1" in cpu_kernels.unavailable_reason()
+
+
+def test_ninja_beside_the_interpreter_counts(monkeypatch, tmp_path):
+    """A venv used without activating it: its ninja (a dependency) is found though PATH lacks it."""
+    venv_ninja = Path(sysconfig.get_path("scripts")) / "ninja"
+    if not venv_ninja.exists():
+        pytest.skip("the ninja package is not installed beside this interpreter")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert cpu_kernels._find_ninja() == str(venv_ninja)
+
+
+@needs_toolchain
+def test_ninja_found_off_path_is_put_on_path_for_the_build(fresh_load, broken_sources, monkeypatch, tmp_path):
+    """torch's builder runs `ninja` from PATH, so a ninja found beside the interpreter is appended to it."""
+    monkeypatch.setenv("PATH", os.environ["PATH"])  # restored afterwards
+    monkeypatch.setattr(cpu_kernels, "_find_ninja", lambda: str(tmp_path / "venv-bin" / "ninja"))
+    with pytest.raises(cpu_kernels.KernelBuildError):
+        fresh_load()
+    assert os.environ["PATH"].split(os.pathsep)[-1] == str(tmp_path / "venv-bin")
+
+
+def test_main_reports_the_torch_path_without_a_compiler(fresh_load, monkeypatch, capsys):
+    monkeypatch.setenv("CXX", "/nonexistent/radixrt-c++")
+    assert cpu_kernels.main() == 0
+    assert "not built, the torch path runs: no C++ compiler" in capsys.readouterr().out
+
+
+@needs_toolchain
+def test_module_command_exits_nonzero_on_a_failed_build(tmp_path):
+    """`make kernels` runs this command: a compiler that fails must fail it."""
+    env = {**os.environ, "CXX": "false", "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    env.pop("RADIXRT_DISABLE_CPU_KERNELS", None)
+    done = subprocess.run([sys.executable, "-m", "radixrt.kernels.cpu_kernels"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the CPU kernels failed to build with 'false'" in done.stderr
