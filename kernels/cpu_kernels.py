@@ -108,9 +108,11 @@ def load() -> ModuleType | None:
         os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), ninja_dir]).strip(os.pathsep)
     from torch.utils.cpp_extension import load as load_extension
 
+    name = _build_name()
+    _announce_first_build(name)
     try:
         return load_extension(
-            name=_build_name(),
+            name=name,
             sources=[str(s) for s in SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp", *_vector_flags(_cpu_flags())],
             extra_ldflags=["-fopenmp"],
@@ -120,6 +122,19 @@ def load() -> ModuleType | None:
             f"the CPU kernels failed to build with {_cxx_compiler()!r} (RADIXRT_DISABLE_CPU_KERNELS=1 runs the "
             f"torch path instead): {exc}"
         ) from exc
+
+
+def _announce_first_build(name: str) -> None:
+    """The first build takes about 50 s: say so, and where it is cached, rather than sit silent."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = Path(_get_build_directory(name, verbose=False))
+    except Exception:  # a private torch helper: without it, just build
+        return
+    if not (folder / f"{name}.so").exists():
+        print(f"radixrt: compiling the C++ CPU kernels once (about 50 s), cached in {folder}", file=sys.stderr,
+              flush=True)
 
 
 def usable_for(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

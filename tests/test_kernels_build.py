@@ -103,3 +103,15 @@ def test_module_command_exits_nonzero_on_a_failed_build(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "the CPU kernels failed to build with 'false'" in done.stderr
+
+
+def test_the_first_build_is_announced_with_its_cache_folder(tmp_path, monkeypatch, capsys):
+    from radixrt.kernels import cpu_kernels
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    cpu_kernels._announce_first_build("radixrt_cpu_probe")
+    message = capsys.readouterr().err
+    assert "compiling the C++ CPU kernels once" in message and str(tmp_path) in message
+    (tmp_path / "radixrt_cpu_probe" / "radixrt_cpu_probe.so").write_bytes(b"")
+    cpu_kernels._announce_first_build("radixrt_cpu_probe")  # cached: silent
+    assert capsys.readouterr().err == ""

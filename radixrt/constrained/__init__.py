@@ -12,7 +12,6 @@ API (what the scheduler and the HTTP layer use)::
     compiler.validate(kind, spec) -> str         # HTTP layer, before queueing: ValueError -> 400
     future = compiler.compile_async(kind, spec)  # Future[Grammar], never blocks; LRU-cached
     kind: "regex" (str) | "json_schema" (str or dict) | "json_object" (spec ignored) | "choices" (list[str])
-    constraint_of(sampling_params) -> (kind, spec) | None   # from regex / json_schema / choices
 
     matcher = GrammarMatcher(future.result())    # one per request, once the future is done
     bitmask = allocate_bitmask(max_batch, V)     # int32 [B, ceil(V/32)], packed bits
@@ -74,15 +73,4 @@ def __getattr__(name: str):
     return value
 
 
-def constraint_of(params) -> tuple[str, object] | None:
-    """(kind, spec) of a request's ``SamplingParams`` (regex, json_schema or choices), or None."""
-    if getattr(params, "regex", None) is not None:
-        return "regex", params.regex
-    if getattr(params, "json_schema", None) is not None:
-        return "json_schema", params.json_schema
-    if getattr(params, "choices", None) is not None:
-        return "choices", list(params.choices)
-    return None
-
-
-__all__ = ["KINDS", "constraint_of", "validate_grammar", *_LAZY]
+__all__ = ["KINDS", "validate_grammar", *_LAZY]
