@@ -94,7 +94,7 @@ def test_cascade_same_with_and_without_the_kernel(monkeypatch):
 def test_model_decode_same_with_and_without_the_kernel(tmp_path, monkeypatch, family):
     from radixrt.model.forward_batch import ForwardBatch, SeqChunk
     from radixrt.model.runner import ModelRunner
-    from tests.tiny_models import save_tiny_model
+    from tiny_models import save_tiny_model
 
     save_tiny_model(family, tmp_path)
     runner = ModelRunner(tmp_path, dtype="float32", num_pages=32, page_size=4)

@@ -11,7 +11,7 @@ from radixrt.model import cpu_linear
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.parallel import ColumnParallelLinear, RowParallelLinear
 from radixrt.model.runner import ModelRunner
-from tests.tiny_models import save_tiny_model
+from tiny_models import save_tiny_model
 
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
