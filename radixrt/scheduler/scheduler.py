@@ -125,7 +125,6 @@ class Scheduler:
         self.jump_forwards = 0
         self.jump_forward_tokens = 0
         self.forward_failures = 0  # in a row
-        self.failed_requests = 0  # finished with a server error
         # Requests without a seed of their own draw one here in arrival order: the same requests in the same
         # order sample the same tokens run after run.
         self._seeds = random.Random(args.random_seed)
@@ -481,9 +480,7 @@ class Scheduler:
     def _error_finish(self, req: Req, error: Exception, doing: str) -> None:
         if req.finished:
             return
-        if not isinstance(error, ModelFailure):
-            logger.error("request %s failed while %s: %r", req.rid, doing, error, exc_info=error)
-        self.failed_requests += 1
+        logger.error("request %s failed while %s: %r", req.rid, doing, error, exc_info=error)
         self._finish(req, error_reason(f"internal error while {doing}: {error!r}", 500))
 
     def _fail(self, req: Req, error: Exception, doing: str) -> None:

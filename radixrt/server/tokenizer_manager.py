@@ -304,11 +304,9 @@ class TokenizerManager:
     def submit_all(self, ids: list[list[int]], params: list[SamplingParams], return_logprob: bool = False,
                    logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
                    rids: list[str] | None = None) -> list[ReqState]:
-        """One submission per sample (radixrt.requests.expand): n > 1 becomes n requests sharing the prompt."""
+        """One submission per sample (radixrt.requests.expand): n > 1 becomes n requests sharing the prompt.
+        ``ids`` and ``params`` come from ``prepare`` or ``validate``: they are checked already."""
         prepared = Prepared(ids, params, False, return_logprob, logprob_start_len, top_logprobs_num)
-        for one_ids, one_params in zip(ids, params):
-            validate_request(one_ids, one_params, self.limits, return_logprob=return_logprob,
-                             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)
         messages = expand(prepared, lambda: f"{uuid.uuid4().hex[:12]}-{next(self._counter)}", rids)
         if rids is not None and any(r in self.states for r in rids):
             raise RequestError("rid must be unique among the requests in flight")
