@@ -18,7 +18,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     from radixrt.model.runner import ModelRunner
     from radixrt.model.weights import resolve_model_path
-    from radixrt.offline import generate_ids
+    from radixrt.lockstep import generate_ids
     from radixrt.sampling.params import SamplingParams
     from radixrt.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
 

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Iterator
 
 from radixrt.detokenize import Detokenizer
 from radixrt.messages import AbortReq, BatchTokenOut, StrDelta
-from radixrt.output import ResponseBuilder
+from radixrt.response import ResponseBuilder
 from radixrt.requests import Prepared, expand, prepare
 from radixrt.server_args import ServerArgs
 
@@ -64,7 +64,7 @@ class _Waiter:
 
 class Engine:
     def __init__(self, **kwargs: Any) -> None:
-        from radixrt.model_setup import LoadedModel
+        from radixrt.loaded_model import LoadedModel
         from radixrt.scheduler.scheduler import Scheduler
 
         self.args = ServerArgs.from_kwargs(**kwargs)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from radixrt.model.runner import ModelRunner
-from radixrt.offline import generate_ids
+from radixrt.lockstep import generate_ids
 from radixrt.sampling.params import SamplingParams
 from radixrt.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
 

@@ -11,7 +11,7 @@ import pytest
 import radixrt as sgl
 from radixrt.frontend.backend.engine import EngineBackend
 from radixrt.frontend.backend.runtime_endpoint import RuntimeEndpoint
-from radixrt.frontend.testing import FakeEngine, mock_transport
+from fake_engine import FakeEngine, mock_transport
 
 
 def test_import_radixrt_stays_light():

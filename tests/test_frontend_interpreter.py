@@ -11,7 +11,7 @@ import pytest
 import radixrt as sgl
 from radixrt.frontend.backend.engine import EngineBackend
 from radixrt.frontend.ir import REGEX_INT, REGEX_STR
-from radixrt.frontend.testing import FakeEngine, default_responder
+from fake_engine import FakeEngine, default_responder
 
 
 def echo_responder(prompt, sp):

@@ -7,7 +7,7 @@ import pytest
 
 import radixrt as sgl
 from radixrt.frontend.backend.engine import EngineBackend
-from radixrt.frontend.testing import FakeEngine
+from fake_engine import FakeEngine
 
 # Conditional logprob of a token given the text before it (the fake's scoring function).
 TABLE = {"True": -2.0, "False": -1.0, "Not": -0.1, " sure": -2.5, "Yes": -3.0, " indeed": -0.2,

@@ -8,7 +8,7 @@ import re
 import pytest
 
 import radixrt as sgl
-from radixrt.frontend.testing import FakeEngine, default_responder
+from fake_engine import FakeEngine, default_responder
 
 CAPITALS = {"United States": "Washington", "Japan": "Tokyo", "United Kingdom": "London", "China": "Beijing",
             "France": "Paris"}

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 import radixrt
-from radixrt.server.popen import ServerProcess
+from radixrt.server.server_process import ServerProcess
 from radixrt.tokenizer import apply_chat_template
 
 pytestmark = pytest.mark.model

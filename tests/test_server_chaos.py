@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from radixrt.server.popen import ServerProcess
+from radixrt.server.server_process import ServerProcess
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -17,9 +17,9 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from radixrt.output import ResponseBuilder
+from radixrt.response import ResponseBuilder
 from radixrt.server.client_wait import ClientGone, gather
-from radixrt.server.popen import ServerProcess
+from radixrt.server.server_process import ServerProcess
 from radixrt.server.tokenizer_manager import ReqState
 
 MAX_NEW = 1500  # far more than the steps the test waits: a request left running would still be decoding

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from radixrt.messages import ReqDelta, StrDelta
-from radixrt.output import ResponseBuilder
+from radixrt.response import ResponseBuilder
 from radixrt.scheduler.validation import RequestError
 from radixrt.server.client_wait import raise_for_failures
 from radixrt.server.tokenizer_manager import ReqState, RequestFailed

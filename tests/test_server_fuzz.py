@@ -9,7 +9,7 @@ import pytest
 from radixrt.bench.fuzz_http import SERVER_ARGS, bounded_schema, cap_cost, run_fuzz
 from radixrt.sampling.params import SamplingParams
 from radixrt.server.openapi import BOUNDS, ApiLimits, build_openapi
-from radixrt.server.popen import ServerProcess
+from radixrt.server.server_process import ServerProcess
 
 ROUTES = {"/generate": {"post"}, "/v1/completions": {"post"}, "/v1/chat/completions": {"post"},
           "/v1/models": {"get"}, "/get_model_info": {"get"}, "/get_server_info": {"get"},

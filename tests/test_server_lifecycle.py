@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from radixrt.server.popen import ServerProcess
+from radixrt.server.server_process import ServerProcess
 
 pytestmark = pytest.mark.model
 

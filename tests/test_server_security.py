@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from radixrt.server.popen import ServerProcess
+from radixrt.server.server_process import ServerProcess
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from radixrt.server.popen import ServerProcess
+from radixrt.server.server_process import ServerProcess
 
 pytestmark = pytest.mark.model
 

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         report = run_fuzz(args.url, args.max_examples, args.timeout, args.seed, modes)
     else:
-        from radixrt.server.popen import ServerProcess
+        from radixrt.server.server_process import ServerProcess
 
         with ServerProcess(SERVER_ARGS + args.server_args) as server:
             report = run_fuzz(server.url, args.max_examples, args.timeout, args.seed, modes)

@@ -262,7 +262,7 @@ def _free_cuda_cache() -> None:
 def check_server(ctx: Context, part: Part) -> None:
     import httpx
 
-    from radixrt.server.popen import ServerProcess
+    from radixrt.server.server_process import ServerProcess
 
     args = ["--model", ctx.model, "--device", ctx.device, "--dtype", ctx.sizes.server_dtype,
             "--kv-memory-gb", "0.5", "--log-interval", "0"]

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     url = args.url
     if url is None:
-        from radixrt.server.popen import ServerProcess
+        from radixrt.server.server_process import ServerProcess
 
         server = ServerProcess(args.server_args.split()).start()
         url = server.url

@@ -45,7 +45,7 @@ from radixrt.constrained.patterns import KINDS, validate_grammar
 # Everything else pulls in torch: imported on first use, so the HTTP process can ``validate_grammar``
 # without loading torch.
 _LAZY = {
-    "GrammarBackend": "backend",
+    "GrammarBackend": "grammar_backend",
     "Grammar": "grammar",
     "GrammarCompiler": "grammar",
     "GrammarMatcher": "matcher",

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from radixrt.scheduler.validation import RequestError
-from radixrt.server.structured import response_format_to_params
+from radixrt.server.response_format import response_format_to_params
 
 MAX_TOP_LOGPROBS = 20
 ROLES = {"system", "user", "assistant", "developer", "tool"}

@@ -58,7 +58,7 @@ class StepHistogram:
 
 class SchedulerProcess:
     def __init__(self, args: ServerArgs, paths: IpcPaths, parent_pid: int) -> None:
-        from radixrt.model_setup import LoadedModel
+        from radixrt.loaded_model import LoadedModel
         from radixrt.scheduler.scheduler import Scheduler
 
         self.args = args

@@ -32,7 +32,7 @@ from radixrt.messages import (
     StatsOut,
     StatsReq,
 )
-from radixrt.output import ResponseBuilder
+from radixrt.response import ResponseBuilder
 from radixrt.requests import ClientLimits, Prepared, expand, params_from, prepare
 from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.validation import ModelLimits, RequestError, validate_request

@@ -19,7 +19,7 @@ import uuid
 import zlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-from .ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
+from radixrt.frontend.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 
 TOKEN_RE = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 
@@ -320,7 +320,7 @@ def mock_transport(engine: FakeEngine):
     def openai_call(path: str, body: Dict[str, Any]) -> httpx.Response:
         chat = path.endswith("/chat/completions")
         if chat:
-            from .chat_template import ChatTemplate
+            from radixrt.frontend.chat_template import ChatTemplate
 
             template = ChatTemplate.from_model_info(engine.get_model_info())
             prompt = template.get_prompt(body["messages"]) + template.role_prefix_and_suffix["assistant"][0]
