@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixrt.constrained.matcher import GrammarMatcher
+from radixrt.token_ids import common_prefix_len
 
 
 @dataclass(frozen=True)
@@ -36,15 +37,6 @@ class JumpForward:
     @property
     def text_changed(self) -> bool:
         return self.num_tokens_to_drop > 0
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -87,7 +79,7 @@ def jump_forward(
             continue  # the text spelled a special token: leave it to ordinary decoding
         if info.decode_bytes(new_ids) != tail + forced:
             continue
-        common = _common_prefix(tail_ids, new_ids)
+        common = common_prefix_len(tail_ids, new_ids)
         plan = (k - common, new_ids[common:])
         break
     if plan is None:

@@ -93,8 +93,7 @@ from itertools import compress, count
 from operator import ne
 
 from radixrt.memory.page_pool import PagePool
-
-_CHUNK = 64  # tokens compared per slice when looking for the first mismatch
+from radixrt.token_ids import common_prefix_len
 
 
 class TreeNode:
@@ -165,18 +164,6 @@ class CacheStats:
             "inserted_pages": self.inserted_pages,
             "duplicate_pages": self.duplicate_pages,
         }
-
-
-def _common_prefix_len(edge: tuple, key: tuple, pos: int, start: int = 0) -> int:
-    """Length of the common prefix of ``edge`` and ``key[pos:]``, knowing the first ``start`` agree."""
-    limit = min(len(edge), len(key) - pos)
-    i = start
-    while i + _CHUNK <= limit and edge[i : i + _CHUNK] == key[pos + i : pos + i + _CHUNK]:
-        i += _CHUNK
-    end = min(i + _CHUNK, limit)
-    while i < end and edge[i] == key[pos + i]:
-        i += 1
-    return i
 
 
 class RadixCache:
@@ -301,7 +288,7 @@ class RadixCache:
                 pos += length
                 node = child
                 continue
-            matched = _common_prefix_len(edge, key, pos, page_size)
+            matched = common_prefix_len(edge, key, pos, page_size)
             aligned = matched - matched % page_size
             upper = self._split(child, aligned)
             upper.last_access = now
@@ -412,7 +399,7 @@ class RadixCache:
             edge = child.key
             length = len(edge)
             if key[pos : pos + length] != edge:
-                matched = _common_prefix_len(edge, key, pos, page_size)
+                matched = common_prefix_len(edge, key, pos, page_size)
                 length = matched - matched % page_size
                 child = self._split(child, length)
             child.last_access = now

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import threading
 import time
@@ -36,6 +35,7 @@ from radixrt.scheduler.policy import POLICIES, order_waiting
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.validation import ModelLimits, RequestError, validate_request
 from radixrt.server_args import ServerArgs
+from radixrt.token_ids import common_prefix_len
 
 logger = logging.getLogger("radixrt.scheduler")
 GRAMMAR_COMPILE_TIMEOUT_S = 30.0  # a constrained request waits at most this long for its grammar
@@ -328,7 +328,7 @@ class Scheduler:
         for other in self.running:  # the admitted ones included
             if other.num_to_compute <= 1 and id(other) not in just_admitted:
                 continue
-            common = len(os.path.commonprefix([fill, other.fill_ids]))
+            common = common_prefix_len(fill, other.fill_ids)
             if common - cached >= max(DEDUP_MIN_TOKENS, self.page_size):
                 return True
         return False
