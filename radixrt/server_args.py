@@ -11,6 +11,10 @@ from typing import Any
 from radixrt.model.weights import DEFAULT_MODEL
 
 
+_CLI_TYPES = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float,
+              "str | None": str}
+
+
 @dataclass
 class ServerArgs:
     model: str = field(default=DEFAULT_MODEL, metadata={"help": "bundled model name, local HF folder, or hub id"})
@@ -74,7 +78,9 @@ class ServerArgs:
             if f.type in ("bool", bool):
                 parser.add_argument(flag, action="store_true", help=help_text)
                 continue
-            kind = {"int": int, "float": float, "int | None": int, "str | None": str}.get(str(f.type), str)
+            kind = _CLI_TYPES.get(str(f.type))
+            if kind is None:
+                raise TypeError(f"ServerArgs.{f.name}: no command-line parser for type {f.type}")
             parser.add_argument(flag, type=kind, default=f.default, help=f"{help_text} (default: {f.default})")
 
     @classmethod
