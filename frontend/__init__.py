@@ -39,8 +39,9 @@ from .api import (
     video,
 )
 from .choices import ChoicesDecision, ChoicesSamplingMethod
-from .interpreter import ProgramState, ProgramStateGroup
-from .ir import SglFunction
+from .fork_join import ProgramStateGroup
+from .program import SglFunction
+from .program_state import ProgramState
 
 __all__ = [
     "Runtime", "assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen",

@@ -12,16 +12,9 @@ from .choices import (
     unconditional_likelihood_normalized,
 )
 from .global_config import global_config
-from .ir import (
-    SglExpr,
-    SglExprList,
-    SglFunction,
-    SglGen,
-    SglRoleBegin,
-    SglRoleEnd,
-    SglSamplingParams,
-    SglSelect,
-)
+from .ir import SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect
+from .program import SglFunction
+from .sampling_params import SglSamplingParams
 
 __all__ = [
     "function",
@@ -71,7 +64,7 @@ def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int]
 def set_default_backend(backend) -> None:
     """The backend programs run on by default: RuntimeEndpoint(url), OpenAI(...), an
     EngineBackend, or an engine object itself (e.g. `radixrt.Engine()`), which gets wrapped."""
-    from .interpreter import resolve_backend
+    from .run import resolve_backend
 
     global_config.default_backend = resolve_backend(backend) if backend is not None else None
 
@@ -84,7 +77,7 @@ def flush_cache(backend=None):
     backend = backend if backend is not None else global_config.default_backend
     if backend is None:
         return False
-    from .interpreter import resolve_backend
+    from .run import resolve_backend
 
     return resolve_backend(backend).flush_cache()
 
@@ -93,7 +86,7 @@ def get_server_info(backend=None):
     backend = backend if backend is not None else global_config.default_backend
     if backend is None:
         return None
-    from .interpreter import resolve_backend
+    from .run import resolve_backend
 
     return resolve_backend(backend).get_server_info()
 

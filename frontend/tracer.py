@@ -11,6 +11,7 @@ import uuid
 from contextlib import contextmanager
 from typing import Any, Dict, List, Optional
 
+from .fork_join import ProgramStateGroup
 from .ir import (
     SglArgument,
     SglConstantText,
@@ -143,8 +144,6 @@ class TracerProgramState:
         self._execute(SglVarScopeEnd(name))
 
     def fork(self, size: int = 1, position_ids_offset=None):
-        from .interpreter import ProgramStateGroup
-
         if self.only_trace_prefix:
             raise StopTracing()
         fork_node = SglFork(size)

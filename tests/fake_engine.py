@@ -19,7 +19,7 @@ import uuid
 import zlib
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-from radixrt.frontend.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
+from radixrt.frontend.dtype_regex import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 
 TOKEN_RE = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 

@@ -10,7 +10,7 @@ import pytest
 
 import radixrt as sgl
 from radixrt.frontend.backend.engine import EngineBackend
-from radixrt.frontend.ir import REGEX_INT, REGEX_STR
+from radixrt.frontend.dtype_regex import REGEX_INT, REGEX_STR
 from fake_engine import FakeEngine, default_responder
 
 
@@ -501,3 +501,21 @@ def test_many_programs_concurrently_do_not_hang(backend):
         t.join(10)
     assert time.time() - t0 < 10
     assert results == {i: f" r_{i}x2" for i in range(20)}
+
+
+def test_names_stay_importable_from_the_interpreter_and_ir_modules():
+    """SGLang keeps these in lang/interpreter.py and lang/ir.py; programs may import them from there."""
+    from radixrt import frontend
+    from radixrt.frontend import api, dtype_regex, executor, fork_join, interpreter, ir, program
+    from radixrt.frontend import program_state, run, sampling_params
+
+    assert interpreter.StreamExecutor is executor.StreamExecutor
+    assert interpreter.ProgramState is program_state.ProgramState is frontend.ProgramState
+    assert interpreter.ProgramStateGroup is fork_join.ProgramStateGroup is frontend.ProgramStateGroup
+    for name in ("resolve_backend", "run_program", "run_program_batch", "cache_program"):
+        assert getattr(interpreter, name) is getattr(run, name)
+    assert ir.SglFunction is program.SglFunction is frontend.SglFunction is api.SglFunction
+    assert ir.SglSamplingParams is sampling_params.SglSamplingParams
+    assert ir.OVERRIDABLE_FIELDS is sampling_params.OVERRIDABLE_FIELDS
+    for name in ("REGEX_INT", "REGEX_FLOAT", "REGEX_BOOL", "REGEX_STR"):
+        assert getattr(ir, name) == getattr(dtype_regex, name)

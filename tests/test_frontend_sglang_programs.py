@@ -118,7 +118,7 @@ def test_decode_int_and_dtypes():
 
 
 def test_json_with_var_scope_and_regex():
-    from radixrt.frontend.ir import REGEX_FLOAT, REGEX_INT, REGEX_STR
+    from radixrt.frontend.dtype_regex import REGEX_FLOAT, REGEX_INT, REGEX_STR
 
     @sgl.function
     def decode_json(s):

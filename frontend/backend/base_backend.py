@@ -6,7 +6,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..chat_template import ChatTemplate, get_chat_template
 from ..choices import ChoicesDecision, ChoicesSamplingMethod
-from ..ir import SglSamplingParams
+from ..sampling_params import SglSamplingParams
 
 
 class BaseBackend:

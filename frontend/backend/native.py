@@ -17,8 +17,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ..chat_template import ChatTemplate, get_chat_template
 from ..choices import ChoicesDecision, ChoicesSamplingMethod, token_length_normalized
+from ..dtype_regex import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from ..global_config import global_config
-from ..ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR, SglSamplingParams
+from ..sampling_params import SglSamplingParams
 from .base_backend import BaseBackend
 
 _TOP_LEVEL_FIELDS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
@@ -150,36 +151,10 @@ class NativeBackend(BaseBackend):
                 "logprob_start_len": start,
             }
         )
-        base_ids = [e[1] for e in rows[0]["meta_info"]["input_token_logprobs"]]
-        input_token_logprobs: List[List[Any]] = []
-        output_token_logprobs: List[List[Any]] = []
-        normalized: List[float] = []
-        for row in rows[1:]:
-            entries = row["meta_info"]["input_token_logprobs"]
-            k = 0
-            while k < len(base_ids) and k < len(entries) and entries[k][1] == base_ids[k]:
-                k += 1
-            own = [list(e) for e in entries[k:] if e[0] is not None]
-            input_token_logprobs.append(own)
-            output_token_logprobs.append(row["meta_info"].get("output_token_logprobs", []))
-            values = [e[0] for e in own]
-            normalized.append(sum(values) / len(values) if values else float("-inf"))
-
+        input_token_logprobs, output_token_logprobs, normalized = _choice_logprobs(rows)
         unconditional = None
         if choices_method.requires_unconditional_logprobs:
-            unconditional = [[] for _ in choices]
-            todo = [i for i, own in enumerate(input_token_logprobs) if own]
-            if todo:
-                out = self._request(
-                    {
-                        "input_ids": [[e[1] for e in input_token_logprobs[i]] for i in todo],
-                        "sampling_params": {"max_new_tokens": 0},
-                        "return_logprob": True,
-                        "logprob_start_len": 0,
-                    }
-                )
-                for i, r in zip(todo, out):
-                    unconditional[i] = r["meta_info"]["input_token_logprobs"]
+            unconditional = self._unconditional_logprobs(len(choices), input_token_logprobs)
 
         decision = choices_method(
             choices=choices,
@@ -191,3 +166,43 @@ class NativeBackend(BaseBackend):
         if decision.meta_info is not None:
             decision.meta_info.setdefault("prompt_tokens", prompt_len)
         return decision
+
+    def _unconditional_logprobs(
+        self, n_choices: int, input_token_logprobs: List[List[Any]]
+    ) -> List[List[Any]]:
+        """Each choice's tokens scored alone (no prefix): one batched call over their ids."""
+        unconditional: List[List[Any]] = [[] for _ in range(n_choices)]
+        todo = [i for i, own in enumerate(input_token_logprobs) if own]
+        if todo:
+            out = self._request(
+                {
+                    "input_ids": [[e[1] for e in input_token_logprobs[i]] for i in todo],
+                    "sampling_params": {"max_new_tokens": 0},
+                    "return_logprob": True,
+                    "logprob_start_len": 0,
+                }
+            )
+            for i, r in zip(todo, out):
+                unconditional[i] = r["meta_info"]["input_token_logprobs"]
+        return unconditional
+
+
+def _choice_logprobs(rows: List[Dict[str, Any]]) -> Tuple[List[List[Any]], List[List[Any]], List[float]]:
+    """Per choice, from the rows of [prefix] + [prefix + choice ...]: the logprobs of its own tokens
+    (those past the tokens it shares with the prefix's row, so token healing applies), its output
+    logprobs, and its mean token logprob (-inf when it has no tokens of its own)."""
+    base_ids = [e[1] for e in rows[0]["meta_info"]["input_token_logprobs"]]
+    input_token_logprobs: List[List[Any]] = []
+    output_token_logprobs: List[List[Any]] = []
+    normalized: List[float] = []
+    for row in rows[1:]:
+        entries = row["meta_info"]["input_token_logprobs"]
+        k = 0
+        while k < len(base_ids) and k < len(entries) and entries[k][1] == base_ids[k]:
+            k += 1
+        own = [list(e) for e in entries[k:] if e[0] is not None]
+        input_token_logprobs.append(own)
+        output_token_logprobs.append(row["meta_info"].get("output_token_logprobs", []))
+        values = [e[0] for e in own]
+        normalized.append(sum(values) / len(values) if values else float("-inf"))
+    return input_token_logprobs, output_token_logprobs, normalized

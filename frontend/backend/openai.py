@@ -11,7 +11,8 @@ import dataclasses
 from typing import Any, Dict, Optional
 
 from ..chat_template import ChatTemplate, get_chat_template, get_chat_template_by_model_path
-from ..ir import REGEX_INT, SglSamplingParams
+from ..dtype_regex import REGEX_INT
+from ..sampling_params import SglSamplingParams
 from .base_backend import BaseBackend
 
 INSTRUCT_MODEL_NAMES = ["gpt-3.5-turbo-instruct"]
