@@ -13,6 +13,18 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 from .sampling_params import SglSamplingParams
 
 
+_RUN_FIELDS = (
+    "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "return_text_in_logprobs",
+)
+
+
+def _run_defaults(arguments: Dict[str, Any]) -> SglSamplingParams:
+    """The sampling keywords of run() / run_batch() as the program's default SglSamplingParams."""
+    return SglSamplingParams(**{name: arguments[name] for name in _RUN_FIELDS})
+
+
 class SglFunction:
     """A program: a Python function whose first argument is the state `s`."""
 
@@ -72,23 +84,7 @@ class SglFunction:
     ):
         from .run import run_program
 
-        defaults = SglSamplingParams(
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
-            stop=stop,
-            stop_token_ids=stop_token_ids,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty,
-            ignore_eos=ignore_eos,
-            return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs,
-        )
+        defaults = _run_defaults(locals())
         return run_program(self, backend, args, kwargs, defaults, stream)
 
     def run_batch(
@@ -122,23 +118,7 @@ class SglFunction:
         if len(batch_kwargs) == 0:
             return []
         batch_kwargs = self._argument_dicts(batch_kwargs)
-        defaults = SglSamplingParams(
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
-            stop=stop,
-            stop_token_ids=stop_token_ids,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty,
-            ignore_eos=ignore_eos,
-            return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs,
-        )
+        defaults = _run_defaults(locals())
         return run_program_batch(
             self, backend, batch_kwargs, defaults, num_threads, progress_bar, generator_style
         )
