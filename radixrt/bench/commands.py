@@ -1,4 +1,4 @@
-"""`radixrt bench offline | serving | decode`: argument parsing and the runs (see the modules for details).
+"""`radixrt bench offline | serving | decode | vllm`: argument parsing and the runs (see the modules for details).
 
     radixrt bench offline --workload random --num-prompts 64 --input-len 200 --output-len 64 --baseline hf
     radixrt bench offline --workload shared-prefix --prefix-len 1000 --question-len 30 --compare-no-cache --baseline hf
@@ -6,6 +6,7 @@
     radixrt bench offline --workload tree --num-prompts 4 --branches 3 --depth 2
     radixrt bench serving --url http://127.0.0.1:30000 --workload sharegpt --num-prompts 200
     radixrt bench decode --dtypes bfloat16,float32 --batch-sizes 1,32
+    radixrt bench vllm --vllm-python /tmp/radixrt-peers/venv-vllm/bin/python --workloads a:nocache,b:cache
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 def add_bench_parser(commands) -> None:
     """Add `bench` with its subcommands to the CLI's subparsers."""
-    bench = commands.add_parser("bench", help="benchmarks: offline (Engine), serving (HTTP), decode")
+    bench = commands.add_parser("bench", help="benchmarks: offline (Engine), serving (HTTP), decode, vllm")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     off = sub.add_parser("offline", help="a workload through the in-process Engine")
@@ -83,6 +84,10 @@ def add_bench_parser(commands) -> None:
     dec.add_argument("--no-hf", action="store_true", help="skip the transformers column")
     dec.add_argument("--json", default=None)
     dec.set_defaults(run=_decode)
+
+    from radixrt.bench.vs_vllm import add_vllm_parser
+
+    add_vllm_parser(sub)
 
 
 def machine() -> dict:
