@@ -11,7 +11,7 @@ import logging
 
 import msgspec
 
-from radixrt.messages import BatchStrOut, BatchTokenOut, ReqDelta, StrDelta
+from radixrt.messages import BatchStrOut, BatchTokenOut, FinishReason, ReqDelta, StrDelta
 
 logger = logging.getLogger("radixrt.detokenize")
 
@@ -95,8 +95,7 @@ class Detokenizer:
             except Exception as exc:
                 logger.error("could not detokenize request %s: %r", delta.rid, exc, exc_info=exc)
                 self.streams.pop(delta.rid, None)
-                reason = {"type": "abort", "message": f"internal error while detokenizing: {exc!r}",
-                          "status_code": 500}
+                reason = FinishReason.error(f"internal error while detokenizing: {exc!r}", 500)
                 outputs.append(StrDelta(rid=delta.rid, text="", delta=msgspec.structs.replace(
                     delta, new_ids=[], finish_reason=reason)))
         return BatchStrOut(outputs)

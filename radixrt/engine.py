@@ -39,12 +39,12 @@ class EngineDead(RuntimeError):
 def raise_for_finish(builder: ResponseBuilder) -> None:
     """A request that ended in error: ValueError for a request the runtime refused, RuntimeError for a failure
     inside the runtime. A client's own abort is not an error."""
-    reason = builder.meta.get("finish_reason")
-    if not reason or reason.get("type") != "abort" or reason.get("message") in (None, "aborted"):
+    reason = builder.finish_reason
+    if reason is None or not reason.is_error:
         return
-    if reason.get("status_code", 400) >= 500:
-        raise RuntimeError(reason["message"])
-    raise ValueError(reason["message"])
+    if reason.is_server_error:
+        raise RuntimeError(reason.message)
+    raise ValueError(reason.message)
 
 
 class _Waiter:
@@ -117,7 +117,7 @@ class Engine:
                     del self._waiters[out.rid]
             if waiter is not None:
                 waiter.put(out)
-            if reason is not None and reason.get("status_code", 0) >= 500:
+            if reason is not None and reason.is_server_error:
                 self.scheduler.submit(AbortReq(rid=out.rid))  # failed after the scheduler: free its pages too
 
     # ----- requests -----------------------------------------------------------------------------------

@@ -3,9 +3,12 @@
 Tokenizer side -> scheduler: GenerateReq, AbortReq, FlushCacheReq.
 Scheduler -> detokenizer: BatchTokenOut (one per scheduler step, every request that progressed).
 Detokenizer -> tokenizer side: BatchStrOut.
+A request's end travels as a FinishReason; SGLang's native ``meta_info.finish_reason`` is its ``to_dict()``.
 """
 
 from __future__ import annotations
+
+from typing import Any, Literal
 
 import msgspec
 
@@ -35,6 +38,55 @@ class StatsReq(msgspec.Struct, tag=True):
     pass
 
 
+class FinishReason(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Why a request ended.
+
+    ``stop``: an eos or stop token (``matched`` is its id), a stop string (``matched`` is the string) or the
+    grammar's end (``matched`` is None). ``length``: ``max_new_tokens`` or the context length. ``abort``: the
+    client's own abort (message "aborted", 499) or an error whose ``status_code`` says whose fault it was: 4xx
+    a request the runtime refused, 5xx a failure inside the runtime (no status code counts as 400).
+    """
+
+    type: Literal["stop", "length", "abort"]
+    matched: int | str | None = None
+    message: str | None = None
+    status_code: int | None = None
+
+    @classmethod
+    def stop(cls, matched: int | str | None = None) -> FinishReason:
+        return cls("stop", matched=matched)
+
+    @classmethod
+    def length(cls) -> FinishReason:
+        return cls("length")
+
+    @classmethod
+    def aborted(cls) -> FinishReason:
+        """The client's own abort: not an error."""
+        return cls("abort", message="aborted", status_code=499)
+
+    @classmethod
+    def error(cls, message: str, status_code: int) -> FinishReason:
+        return cls("abort", message=message, status_code=status_code)
+
+    @property
+    def is_error(self) -> bool:
+        """An abort the runtime raised: a refused request or a failure (a client's own abort is not)."""
+        return self.type == "abort" and self.message not in (None, "aborted")
+
+    @property
+    def is_server_error(self) -> bool:
+        """An error inside the runtime (5xx), not the request's fault."""
+        return self.is_error and (self.status_code or 400) >= 500
+
+    def to_dict(self) -> dict[str, Any]:
+        """SGLang's native form, key for key: ``{"type", "matched"}``, or ``{"type", "message", "status_code"}``
+        for an abort."""
+        if self.type == "abort":
+            return {"type": self.type, "message": self.message, "status_code": self.status_code}
+        return {"type": self.type, "matched": self.matched}
+
+
 # Logprob entries follow SGLang's native API: (logprob or None, token id).
 LogprobList = list[tuple[float | None, int]]
 
@@ -44,7 +96,7 @@ class ReqDelta(msgspec.Struct):
 
     rid: str
     new_ids: list[int]
-    finish_reason: dict | None = None  # {"type": "stop"|"length"|"abort", "matched": ..., "message": ...}
+    finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0

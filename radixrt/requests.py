@@ -1,4 +1,5 @@
-"""One request path: a client's generation call (Engine keywords or an HTTP body) -> validated GenerateReqs.
+"""One request path: a client's generation call -> validated GenerateReqs. The Engine, /generate and the
+OpenAI routes (their prompts tokenized and fields mapped to sampling-params dicts first) all end here.
 
 ``prepare`` takes exactly one of text and input_ids (one prompt or a batch), one sampling-params dict or one per
 prompt, and the logprob options; it checks every sequence with ``validate_request`` before anything is queued.

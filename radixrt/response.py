@@ -1,11 +1,16 @@
-"""Assembles one request's streamed deltas into SGLang's native response dict."""
+"""Assembles one request's streamed deltas into SGLang's native response dict.
+
+``meta["finish_reason"]`` is SGLang's dict (``FinishReason.to_dict()``); ``finish_reason`` keeps the typed one.
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from radixrt.messages import StrDelta
+import msgspec
+
+from radixrt.messages import FinishReason, StrDelta
 
 
 def _entries(items) -> list[list[Any]]:
@@ -27,7 +32,11 @@ class ResponseBuilder:
                 self.meta.update(input_top_logprobs=[], output_top_logprobs=[])
         self.started = time.perf_counter()
         self.first_token_time: float | None = None
-        self.finished = False
+        self.finish_reason: FinishReason | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
     def add(self, out: StrDelta) -> str:
         """Fold one delta in; returns the new text."""
@@ -47,8 +56,10 @@ class ResponseBuilder:
             if self.top_logprobs_num:
                 self.meta["output_top_logprobs"].extend(_entries(t) for t in (d.output_top_logprobs or []))
         if d.finish_reason is not None:
-            self.finished = True
-            self.meta["finish_reason"] = d.finish_reason
+            # A no-op for a decoded delta; a delta built by hand may hold SGLang's dict (msgspec checks no types
+            # on construction).
+            self.finish_reason = msgspec.convert(d.finish_reason, FinishReason)
+            self.meta["finish_reason"] = self.finish_reason.to_dict()
             self.meta["e2e_latency"] = time.perf_counter() - self.started
         return out.text
 

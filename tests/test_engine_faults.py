@@ -97,16 +97,16 @@ def test_one_requests_stop_string_error_fails_that_request_only(engine, monkeypa
 
 
 def test_one_requests_sampling_error_fails_that_request_only(engine, monkeypatch):
-    import radixrt.scheduler.scheduler as scheduler_module
+    import radixrt.scheduler.logits as logits_module
 
-    real = scheduler_module.apply_penalties
+    real = logits_module.apply_penalties
 
     def penalties(logits, params, prompts, outputs):
         if any(p.frequency_penalty == 1.5 for p in params):
             raise FloatingPointError("injected penalty failure")
         return real(logits, params, prompts, outputs)
 
-    monkeypatch.setattr(scheduler_module, "apply_penalties", penalties)
+    monkeypatch.setattr(logits_module, "apply_penalties", penalties)
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:

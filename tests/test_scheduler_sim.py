@@ -114,16 +114,16 @@ def test_simulation_reports_corrupted_partial_page_copies(world, oracle, monkeyp
 
 
 def test_simulation_reports_leaked_pages(world, oracle, monkeypatch):
-    from radixrt.scheduler.scheduler import Scheduler
+    from radixrt.scheduler.memory import Memory
 
-    release = Scheduler._release
+    release = Memory.release
 
     def leaky_release(self, req):  # forget one private page of every finished request
         if len(req.pages) > req.num_tree_pages:
             req.pages.pop()
         release(self, req)
 
-    monkeypatch.setattr(Scheduler, "_release", leaky_release)
+    monkeypatch.setattr(Memory, "release", leaky_release)
     result = run_seed(Knobs(seed=1, num_requests=3, radix_cache=False, aborts=False, constrained=False), world,
                       oracle)
     assert result.failures and result.failures[0][0] in ("invariant", "leak")
@@ -167,7 +167,7 @@ def test_prefix_hit_on_a_full_pool_waits_instead_of_crashing_the_step(world, ora
     run_until(lambda: scheduler.idle)
 
     for req in requests:
-        assert sink.finished[req.rid]["type"] == "length", sink.finished[req.rid]
+        assert sink.finished[req.rid].type == "length", sink.finished[req.rid]
         alone = oracle.run(req, req.prompt, jump_forward=True, vocab_size=vocab)
         assert same_outcome(sink.outcome(req.rid), alone) is None
     assert scheduler.cache.protected_pages == 0

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING
 
 from radixrt.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from radixrt.memory.radix_cache import TreeNode
 
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 # Matching every waiting request against the tree each step stops paying off for very long queues.
 LPM_MAX_QUEUE = 256
 
 
-def order_waiting(policy: str, waiting: list[Req], matches: dict[str, tuple[int, Any]]) -> list[Req]:
+def order_waiting(policy: str, waiting: list[Req], matches: dict[str, tuple[int, TreeNode]]) -> list[Req]:
     """``matches`` maps rid -> (matched tokens, deepest matched node)."""
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
         return list(waiting)
@@ -24,18 +27,18 @@ def order_waiting(policy: str, waiting: list[Req], matches: dict[str, tuple[int,
     raise ValueError(f"unknown schedule policy {policy!r}; choose one of {POLICIES}")
 
 
-def _dfs_weight(waiting: list[Req], matches: dict[str, tuple[int, Any]]) -> list[Req]:
+def _dfs_weight(waiting: list[Req], matches: dict[str, tuple[int, TreeNode]]) -> list[Req]:
     """Walk the cache tree from the root, heaviest subtree (most waiting requests) first, so that requests
     sharing a prefix run together while that prefix is cached."""
     at_node: dict[int, list[Req]] = defaultdict(list)
-    children: dict[int, list[Any]] = defaultdict(list)
+    children: dict[int, list[TreeNode]] = defaultdict(list)
     weight: dict[int, int] = defaultdict(int)
     linked: set[tuple[int, int]] = set()
-    root = None
+    root: TreeNode | None = None
     for req in waiting:
-        node = matches[req.rid][1]
+        node: TreeNode | None = matches[req.rid][1]
         at_node[id(node)].append(req)
-        child = None
+        child: TreeNode | None = None
         while node is not None:
             weight[id(node)] += 1
             if child is not None and (id(node), id(child)) not in linked:

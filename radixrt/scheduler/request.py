@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixrt.detokenize import TextStream
-from radixrt.messages import GenerateReq
+from radixrt.messages import FinishReason, GenerateReq
 from radixrt.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from radixrt.constrained.grammar import Grammar
+    from radixrt.constrained.matcher import GrammarMatcher
+    from radixrt.memory.radix_cache import TreeNode
 
 
 @dataclass
@@ -22,17 +29,17 @@ class Req:
     top_logprobs_num: int = 0
     output_ids: list[int] = field(default_factory=list)
     # Page table: pages[:num_tree_pages] belong to the radix tree (protected by locking `node`); the rest are
-    # private to this request, one reference each.
+    # private to this request, one reference each. Only radixrt.scheduler.memory changes them.
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
-    node: Any = None
+    node: TreeNode | None = None
     num_computed: int = 0  # tokens of fill_ids whose K/V sit in `pages`
     cached_tokens: int = 0  # prompt tokens served by the prefix cache
-    finish_reason: dict | None = None
+    finish_reason: FinishReason | None = None
     generator: torch.Generator | None = None
     stop_text: TextStream | None = None  # set when the request has stop strings
-    grammar_future: Any = None  # compiling grammar (concurrent.futures.Future)
-    grammar: Any = None  # the request's constrained-decoding matcher once compiled
+    grammar_future: Future[Grammar] | None = None  # the grammar being compiled
+    grammar: GrammarMatcher | None = None  # the request's constrained-decoding state once compiled
     grammar_spec: tuple[str, str] | None = None
     # logprobs, accumulated until sent
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)

@@ -20,7 +20,6 @@ import msgspec
 from radixrt.messages import (
     AbortReq,
     BatchStrOut,
-    BatchTokenOut,
     DetokenizerReady,
     FlushCacheOut,
     FlushCacheReq,

@@ -28,9 +28,16 @@ import sys
 import tempfile
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from radixrt.server.ipc import IpcPaths, pin_helper_threads, torch_single_thread
 from radixrt.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+
+    from radixrt.server.tokenizer_manager import TokenizerManager
 
 logger = logging.getLogger("radixrt.server")
 
@@ -130,11 +137,46 @@ def _dead_helper(procs: dict[str, subprocess.Popen]) -> str | None:
 
 
 async def _main(args: ServerArgs, paths: IpcPaths, tokenizer, procs: dict[str, subprocess.Popen]) -> int:
+    """Serve HTTP until a signal (exit code 0) or a helper's death (1); 1 as well when the port cannot be bound."""
+    from radixrt.server.http_server import create_app
+    from radixrt.server.tokenizer_manager import TokenizerManager
+
+    tm = TokenizerManager(args, paths, tokenizer)
+    await tm.start()
+    try:
+        await _handshake(tm, procs)
+        problems: list[str] = []  # the helper death that stopped the server, once seen
+
+        def health() -> str | None:
+            return problems[0] if problems else _dead_helper(procs)
+
+        server = _http_server(args, create_app(tm, health))
+        watch = asyncio.create_task(_watchdog(args, server, tm, procs, problems))
+        await server.serve()
+        watch.cancel()
+        return 1 if problems or not server.started else 0
+    finally:
+        tm.close()
+
+
+async def _handshake(tm: TokenizerManager, procs: dict[str, subprocess.Popen]) -> None:
+    """Wait until both helpers are ready; StartupFailed as soon as one died."""
+    while True:
+        problem = _dead_helper(procs)
+        if problem is not None:
+            raise StartupFailed(f"startup failed: {problem}")
+        try:
+            await asyncio.wait_for(tm.wait_ready(), 0.5)
+            return
+        except asyncio.TimeoutError:
+            continue
+
+
+def _http_server(args: ServerArgs, app: FastAPI) -> uvicorn.Server:
+    """uvicorn serving ``app`` behind the RequestGuard, with the head timeout and the connection limit."""
     import uvicorn
 
-    from radixrt.server.http_server import create_app
     from radixrt.server.security import GuardedH11Protocol, RequestGuard
-    from radixrt.server.tokenizer_manager import TokenizerManager
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -151,65 +193,39 @@ async def _main(args: ServerArgs, paths: IpcPaths, tokenizer, procs: dict[str, s
                 for sig, handler in original.items():
                     signal.signal(sig, handler)
 
-    tm = TokenizerManager(args, paths, tokenizer)
-    await tm.start()
-    try:
-        while True:  # handshake: both helpers ready, or one died
-            problem = _dead_helper(procs)
-            if problem is not None:
-                raise StartupFailed(f"startup failed: {problem}")
-            try:
-                await asyncio.wait_for(tm.wait_ready(), 0.5)
-                break
-            except asyncio.TimeoutError:
-                continue
-
-        exit_code = 0
-        problem_seen: list[str] = []
-
-        def health() -> str | None:
-            return problem_seen[0] if problem_seen else _dead_helper(procs)
-
-        app = RequestGuard(create_app(tm, health), api_key=args.api_key, admin_api_key=args.admin_api_key,
+    guarded = RequestGuard(app, api_key=args.api_key, admin_api_key=args.admin_api_key,
                            max_body_bytes=args.max_request_bytes, body_timeout=args.request_body_timeout)
-        GuardedH11Protocol.header_timeout = args.request_header_timeout
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=30,
-                                http=GuardedH11Protocol, limit_concurrency=args.max_connections)
-        server = Server(config)
+    GuardedH11Protocol.header_timeout = args.request_header_timeout
+    config = uvicorn.Config(guarded, host=args.host, port=args.port, log_level="warning", access_log=False,
+                            lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=30,
+                            http=GuardedH11Protocol, limit_concurrency=args.max_connections)
+    return Server(config)
 
-        async def watchdog() -> None:
-            nonlocal exit_code
-            announced = False
-            while not server.should_exit:
-                if not announced and server.started:
-                    announced = True
-                    print(f"{READY_LINE} http://{args.host}:{args.port} (model {tm.model_info['served_model_name']},"
-                          f" {tm.ready.num_pages} KV pages of {tm.ready.page_size} tokens)", flush=True)
-                problem = _dead_helper(procs)
-                if problem is not None:
-                    logger.error("%s; shutting down", problem)
-                    problem_seen.append(problem)
-                    tm.fail_all(problem)
-                    exit_code = 1
-                    await asyncio.sleep(0.5)  # let waiting clients get their 503s
-                    server.should_exit = True
-                    return
-                await asyncio.sleep(0.2)
-            # A signal: uvicorn stops accepting and waits for open responses. Requests that do not finish
-            # within the grace period are answered 503 (streams: an error event), so every connection closes.
-            deadline = time.monotonic() + SHUTDOWN_GRACE_S
-            while tm.states and time.monotonic() < deadline and _dead_helper(procs) is None:
-                await asyncio.sleep(0.05)
-            if tm.states:
-                logger.info("shutting down: %d requests unfinished are answered 503", len(tm.states))
-            tm.fail_all("the server is shutting down")
 
-        watch = asyncio.create_task(watchdog())
-        await server.serve()
-        watch.cancel()
-        if not server.started and exit_code == 0:
-            exit_code = 1  # could not bind the port
-        return exit_code
-    finally:
-        tm.close()
+async def _watchdog(args: ServerArgs, server: uvicorn.Server, tm: TokenizerManager, procs: dict[str, subprocess.Popen],
+                    problems: list[str]) -> None:
+    """Print the ready line once the socket listens; stop the server when a helper dies (appending to
+    ``problems``); after a signal, answer 503 to the requests that outlive the grace period."""
+    announced = False
+    while not server.should_exit:
+        if not announced and server.started:
+            announced = True
+            print(f"{READY_LINE} http://{args.host}:{args.port} (model {tm.model_info['served_model_name']},"
+                  f" {tm.ready.num_pages} KV pages of {tm.ready.page_size} tokens)", flush=True)
+        problem = _dead_helper(procs)
+        if problem is not None:
+            logger.error("%s; shutting down", problem)
+            problems.append(problem)
+            tm.fail_all(problem)
+            await asyncio.sleep(0.5)  # let waiting clients get their 503s
+            server.should_exit = True
+            return
+        await asyncio.sleep(0.2)
+    # A signal: uvicorn stops accepting and waits for open responses. Requests that do not finish
+    # within the grace period are answered 503 (streams: an error event), so every connection closes.
+    deadline = time.monotonic() + SHUTDOWN_GRACE_S
+    while tm.states and time.monotonic() < deadline and _dead_helper(procs) is None:
+        await asyncio.sleep(0.05)
+    if tm.states:
+        logger.info("shutting down: %d requests unfinished are answered 503", len(tm.states))
+    tm.fail_all("the server is shutting down")

@@ -1,15 +1,24 @@
-"""Prometheus text exposition for GET /metrics (no client library: counters, gauges and histograms)."""
+"""Prometheus text exposition for GET /metrics (no client library: counters, gauges and histograms).
+
+``Histogram`` is the one latency histogram of the server: the HTTP process keeps time to first token,
+inter-token latency and end-to-end latency in ``Metrics``; the scheduler process keeps its step latency
+(``STEP_BUCKETS``) and ships it in ``StatsOut`` as cumulative buckets, which ``render`` writes alike.
+"""
 
 from __future__ import annotations
 
 import bisect
 from typing import Any
 
+# Upper bounds (seconds) of the buckets: request latencies, and the scheduler's step latency.
 LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+STEP_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 PREFIX = "radixrt_"
 
 
 class Histogram:
+    """Counts per bucket (the last one past every bound), the sum and the count of the observed values."""
+
     def __init__(self, buckets: list[float] = LATENCY_BUCKETS) -> None:
         self.buckets = list(buckets)
         self.counts = [0] * (len(buckets) + 1)
@@ -17,11 +26,13 @@ class Histogram:
         self.count = 0
 
     def observe(self, value: float, weight: int = 1) -> None:
+        """``weight`` observations of ``value`` at once."""
         self.counts[bisect.bisect_left(self.buckets, value)] += weight
         self.sum += value * weight
         self.count += weight
 
     def cumulative(self) -> list[int]:
+        """Prometheus's bucket counts: observations <= each bound (the +Inf bucket is ``count``)."""
         out, total = [], 0
         for c in self.counts[:-1]:
             total += c
@@ -78,35 +89,40 @@ def render(m: Metrics, stats, in_flight: int) -> str:
         _scalar(lines, "counter", name, help_text, value)
     _scalar(lines, "gauge", "requests_in_flight", "requests submitted and not finished", in_flight)
     if stats is not None:
-        s = stats.stats
-        hit = s.cache_hit_tokens / max(s.cache_hit_tokens + s.cache_miss_tokens, 1)
-        gauges = [
-            ("num_running_reqs", "requests in the running batch", s.num_running),
-            ("num_queue_reqs", "requests waiting in the scheduler queue", s.num_waiting),
-            ("pages_total", "KV pages in the pool", s.pages_total),
-            ("pages_used", "KV pages not free (held by requests or kept by the prefix cache)",
-             s.pages_total - s.pages_free),
-            ("pages_free", "KV pages on the free list", s.pages_free),
-            ("pages_evictable", "cached KV pages no request holds (evictable)", s.pages_evictable),
-            ("pages_held", "KV pages held by running requests (private plus locked in the tree)",
-             s.pages_private + s.pages_protected),
-            ("cache_hit_rate", "prompt tokens served by the prefix cache / prompt tokens admitted", round(hit, 6)),
-            ("last_step_seconds", "duration of the latest scheduler step", s.last_step_seconds),
-        ]
-        for name, help_text, value in gauges:
-            _scalar(lines, "gauge", name, help_text, value)
-        _scalar(lines, "counter", "cache_hit_tokens_total", "prompt tokens served by the prefix cache",
-                s.cache_hit_tokens)
-        _scalar(lines, "counter", "cache_miss_tokens_total", "prompt tokens computed", s.cache_miss_tokens)
-        _scalar(lines, "counter", "evicted_pages_total", "KV pages evicted from the prefix cache", s.evicted_pages)
-        _scalar(lines, "counter", "retractions_total", "requests retracted under memory pressure", s.num_retractions)
-        _scalar(lines, "counter", "steps_total", "scheduler steps run", s.steps)
-        _histogram(lines, "step_latency_seconds", "scheduler step latency (batch build, forward, sample)",
-                   stats.step_buckets, stats.step_counts, stats.step_sum, stats.step_count)
-    _histogram(lines, "time_to_first_token_seconds", "time from request arrival to its first token",
-               m.ttft.buckets, m.ttft.cumulative(), m.ttft.sum, m.ttft.count)
-    _histogram(lines, "inter_token_latency_seconds", "time between consecutive output tokens",
-               m.itl.buckets, m.itl.cumulative(), m.itl.sum, m.itl.count)
-    _histogram(lines, "e2e_request_latency_seconds", "time from request arrival to its last token",
-               m.e2e.buckets, m.e2e.cumulative(), m.e2e.sum, m.e2e.count)
+        _scheduler_metrics(lines, stats)
+    for name, help_text, h in [
+        ("time_to_first_token_seconds", "time from request arrival to its first token", m.ttft),
+        ("inter_token_latency_seconds", "time between consecutive output tokens", m.itl),
+        ("e2e_request_latency_seconds", "time from request arrival to its last token", m.e2e),
+    ]:
+        _histogram(lines, name, help_text, h.buckets, h.cumulative(), h.sum, h.count)
     return "\n".join(lines) + "\n"
+
+
+def _scheduler_metrics(lines: list[str], stats) -> None:
+    """The scheduler's gauges, counters and step latency histogram (``stats``: a StatsOut)."""
+    s = stats.stats
+    hit = s.cache_hit_tokens / max(s.cache_hit_tokens + s.cache_miss_tokens, 1)
+    gauges = [
+        ("num_running_reqs", "requests in the running batch", s.num_running),
+        ("num_queue_reqs", "requests waiting in the scheduler queue", s.num_waiting),
+        ("pages_total", "KV pages in the pool", s.pages_total),
+        ("pages_used", "KV pages not free (held by requests or kept by the prefix cache)",
+         s.pages_total - s.pages_free),
+        ("pages_free", "KV pages on the free list", s.pages_free),
+        ("pages_evictable", "cached KV pages no request holds (evictable)", s.pages_evictable),
+        ("pages_held", "KV pages held by running requests (private plus locked in the tree)",
+         s.pages_private + s.pages_protected),
+        ("cache_hit_rate", "prompt tokens served by the prefix cache / prompt tokens admitted", round(hit, 6)),
+        ("last_step_seconds", "duration of the latest scheduler step", s.last_step_seconds),
+    ]
+    for name, help_text, value in gauges:
+        _scalar(lines, "gauge", name, help_text, value)
+    _scalar(lines, "counter", "cache_hit_tokens_total", "prompt tokens served by the prefix cache",
+            s.cache_hit_tokens)
+    _scalar(lines, "counter", "cache_miss_tokens_total", "prompt tokens computed", s.cache_miss_tokens)
+    _scalar(lines, "counter", "evicted_pages_total", "KV pages evicted from the prefix cache", s.evicted_pages)
+    _scalar(lines, "counter", "retractions_total", "requests retracted under memory pressure", s.num_retractions)
+    _scalar(lines, "counter", "steps_total", "scheduler steps run", s.steps)
+    _histogram(lines, "step_latency_seconds", "scheduler step latency (batch build, forward, sample)",
+               stats.step_buckets, stats.step_counts, stats.step_sum, stats.step_count)

@@ -1,14 +1,15 @@
-"""OpenAI-compatible request schemas (msgspec, unknown fields refused) and response/chunk assembly.
+"""OpenAI-compatible request schemas (msgspec, unknown fields refused) and the checks that need no tokenizer.
 
-Requests map onto radixrt sampling params (SGLang's names); validation then runs the runtime's own checks.
+``check_chat`` and ``check_completion`` refuse what the runtime does not serve (tools, suffix, ...) and
+return the messages or prompts to tokenize; ``sampling_dict`` maps a request onto radixrt sampling params
+(SGLang's names), which then go through the runtime's own request path (radixrt.requests.prepare).
 Extensions accepted beside OpenAI's fields (as SGLang and vLLM do): top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, skip_special_tokens, stop_token_ids, regex, json_schema.
+Responses are built in radixrt.server.openai_responses.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any
 
 import msgspec
@@ -74,40 +75,6 @@ class CompletionRequest(_Common, kw_only=True):
     suffix: str | None = None
 
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _out_of_int64(value: Any, path: str = "$") -> str | None:
-    """The JSON path of the first integer outside the 64-bit range (the runtime's messages carry int64s)."""
-    stack = [(value, path)]
-    while stack:
-        node, where = stack.pop()
-        if isinstance(node, int) and not isinstance(node, bool):
-            if not INT64_MIN <= node <= INT64_MAX:
-                return where
-        elif isinstance(node, list):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
-        elif isinstance(node, dict):
-            stack.extend((v, f"{where}.{k}") for k, v in node.items())
-    return None
-
-
-def decode_request(body: bytes, kind: type):
-    if not body.strip():
-        raise RequestError("the request body is empty; send a JSON object")
-    try:
-        raw = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise RequestError(f"malformed JSON: {exc}") from None
-    where = _out_of_int64(raw)
-    if where is not None:
-        raise RequestError(f"invalid request: integer out of the 64-bit range - at `{where}`")
-    try:
-        return msgspec.convert(raw, type=kind)
-    except msgspec.ValidationError as exc:
-        raise RequestError(f"invalid request: {exc}") from None
-
-
 def check_common(req: _Common) -> None:
     if req.stream_options is not None and not req.stream:
         raise RequestError("stream_options is only allowed when stream is true")
@@ -130,6 +97,66 @@ def check_chat_limits(req: ChatCompletionRequest, max_messages: int, max_tools: 
             chars += sum(len(p.get("text") or "") for p in content if isinstance(p, dict)
                          and isinstance(p.get("text"), str))
     limits.check_chars(chars, "the messages")
+
+
+def check_chat(req: ChatCompletionRequest, max_messages: int, max_tools: int, limits: Any) -> list[dict[str, str]]:
+    """Everything about a chat request that needs no tokenizer; returns the messages for the chat template."""
+    check_common(req)
+    check_chat_limits(req, max_messages, max_tools, limits)
+    if req.tools or req.tool_choice not in (None, "none"):
+        raise RequestError("tools are not supported")
+    if req.top_logprobs is not None:
+        if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
+        if not req.logprobs:
+            raise RequestError("top_logprobs requires logprobs to be true")
+    return chat_messages(req.messages)
+
+
+def chat_max_new_tokens(req: ChatCompletionRequest) -> int | None:
+    """The output budget a chat request asks for; None: up to the context."""
+    if req.max_tokens is not None and req.max_completion_tokens is not None:
+        raise RequestError("pass max_tokens or max_completion_tokens, not both")
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+
+def check_completion(req: CompletionRequest) -> list[str | list[int]]:
+    """Everything about a completion request that needs no tokenizer; returns its prompts (text or token ids)."""
+    check_common(req)
+    if req.suffix:
+        raise RequestError("suffix is not supported")
+    if req.best_of is not None and req.best_of != req.n:
+        raise RequestError("best_of must equal n (or be omitted)")
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
+    if req.echo and req.logprobs is not None:
+        raise RequestError("echo together with logprobs is not supported")
+    return completion_prompts(req.prompt)
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def completion_prompts(prompt: str | list[Any]) -> list[str | list[int]]:
+    """OpenAI's four prompt shapes (a string, strings, token ids, lists of token ids) as a list of prompts."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if prompt and all(_is_token_id(t) for t in prompt):
+        return [list(prompt)]
+    if prompt and all(isinstance(p, list) for p in prompt):
+        if not all(_is_token_id(t) for p in prompt for t in p):
+            raise RequestError("token id prompts must hold integers only")
+        return [list(p) for p in prompt]
+    raise RequestError("prompt must be a string, a list of strings, a list of token ids or a list of such lists, "
+                       "and not empty")
+
+
+def completion_max_new_tokens(req: CompletionRequest) -> int | None:
+    """The output budget a completion request asks for: OpenAI's default is 16; None: up to the context."""
+    return 16 if req.max_tokens == _UNSET else req.max_tokens
 
 
 def sampling_dict(req: _Common, max_new_tokens: int) -> dict[str, Any]:
@@ -174,67 +201,3 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
             raise RequestError(f"messages[{i}].content must be a string or a list of text parts")
         out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
-
-
-def finish_reason(meta: dict[str, Any]) -> tuple[str | None, Any]:
-    reason = meta.get("finish_reason")
-    if not reason:
-        return None, None
-    return reason.get("type"), reason.get("matched")
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def usage_of(states, n: int) -> dict[str, Any]:
-    """Prompt (and cached) tokens once per prompt, as SGLang counts them; completion tokens of every sample."""
-    metas = [s.builder.meta for s in states]
-    firsts = metas[::n]
-    return usage(sum(m.get("prompt_tokens", 0) for m in firsts),
-                 sum(m.get("completion_tokens", 0) for m in metas),
-                 sum(m.get("cached_tokens", 0) for m in firsts))
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    return int(time.time())
-
-
-# ----- logprobs ---------------------------------------------------------------------------------------
-
-
-def chat_logprobs(entries, top_entries, token_text) -> dict[str, Any]:
-    content = []
-    for k, (logprob, token_id, _) in enumerate(entries):
-        text = token_text(token_id)
-        item = {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
-        if top_entries is not None and k < len(top_entries):
-            for lp, tid, _ in top_entries[k]:
-                t = token_text(tid)
-                item["top_logprobs"].append({"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))})
-        content.append(item)
-    return {"content": content}
-
-
-def completion_logprobs(entries, top_entries, token_text, offset: int) -> dict[str, Any]:
-    tokens, token_logprobs, tops, offsets = [], [], [], []
-    for k, (logprob, token_id, _) in enumerate(entries):
-        text = token_text(token_id)
-        tokens.append(text)
-        token_logprobs.append(logprob)
-        offsets.append(offset)
-        offset += len(text)
-        if top_entries is not None:
-            row = top_entries[k] if k < len(top_entries) else []
-            tops.append({token_text(tid): lp for lp, tid, _ in row})
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops if top_entries is not None else None,
-            "text_offset": offsets}

@@ -5,7 +5,7 @@ ChatCompletionRequest (SamplingParams and StreamOptions come along as referenced
 bounds the runtime enforces are then written into those schemas: the static ones from ``BOUNDS`` (kept equal
 to SamplingParams.validate and the routes' checks by tests/test_server_fuzz.py), the model's from ``ApiLimits``
 (context length, vocabulary) and the server's per-request caps, and every other integer gets the 64-bit
-range decode_request enforces, so a schema-driven client or fuzzer knows which values are served.
+range ``http_common.decode_request`` enforces, so a schema-driven client or fuzzer knows which values are served.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from radixrt.server import openai_protocol as oai
+from radixrt.server.http_common import INT64_MAX, INT64_MIN
 from radixrt.server.native_protocol import AbortBody, GenerateBody
 
 REF = "#/components/schemas/{name}"
@@ -114,8 +115,8 @@ def _int64(node: Any) -> None:
             _int64(item)
     elif isinstance(node, dict):
         if node.get("type") == "integer":
-            node.setdefault("minimum", oai.INT64_MIN)
-            node.setdefault("maximum", oai.INT64_MAX)
+            node.setdefault("minimum", INT64_MIN)
+            node.setdefault("maximum", INT64_MAX)
         for value in node.values():
             _int64(value)
 

@@ -9,7 +9,6 @@ Run by the server launcher: ``python -m radixrt.server.scheduler_process ARGS_JS
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import os
@@ -29,32 +28,10 @@ from radixrt.messages import (
     StatsReq,
 )
 from radixrt.server.ipc import ENCODER, IpcPaths, SchedulerInbound, decoder, die_with_parent, parent_alive
+from radixrt.server.metrics import STEP_BUCKETS, Histogram
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.scheduler_process")
-
-# Upper bounds (seconds) of the step latency histogram.
-STEP_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
-
-
-class StepHistogram:
-    def __init__(self) -> None:
-        self.counts = [0] * (len(STEP_BUCKETS) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(STEP_BUCKETS, seconds)] += 1
-        self.sum += seconds
-        self.count += 1
-
-    def cumulative(self) -> list[int]:
-        out, total = [], 0
-        for c in self.counts[:-1]:
-            total += c
-            out.append(total)
-        return out
-
 
 class SchedulerProcess:
     def __init__(self, args: ServerArgs, paths: IpcPaths, parent_pid: int) -> None:
@@ -80,7 +57,7 @@ class SchedulerProcess:
         self.decode = decoder(SchedulerInbound).decode
 
         self.scheduler = Scheduler(args, self.runner, self.tokenizer, self.eos_ids, self._sink, grammars)
-        self.histogram = StepHistogram()
+        self.histogram = Histogram(STEP_BUCKETS)
         self.running = True
         self.to_tokenizer.send(ENCODER.encode(SchedulerReady(
             pid=os.getpid(),
@@ -100,7 +77,7 @@ class SchedulerProcess:
         elif isinstance(msg, StatsReq):
             h = self.histogram
             self.to_tokenizer.send(ENCODER.encode(StatsOut(
-                stats=self.scheduler.stats(), step_buckets=list(STEP_BUCKETS), step_counts=h.cumulative(),
+                stats=self.scheduler.stats(), step_buckets=list(h.buckets), step_counts=h.cumulative(),
                 step_sum=h.sum, step_count=h.count)))
         elif isinstance(msg, FlushCacheReq):
             self.scheduler.step()  # take in anything queued before the flush (aborts, finished requests)

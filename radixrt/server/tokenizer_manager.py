@@ -33,9 +33,8 @@ from radixrt.messages import (
     StatsReq,
 )
 from radixrt.response import ResponseBuilder
-from radixrt.requests import ClientLimits, Prepared, expand, params_from, prepare
-from radixrt.sampling.params import SamplingParams
-from radixrt.scheduler.validation import ModelLimits, RequestError, validate_request
+from radixrt.requests import ClientLimits, Prepared, expand, prepare
+from radixrt.scheduler.validation import ModelLimits, RequestError
 from radixrt.server.ipc import ENCODER, IpcPaths, TokenizerInbound, decoder
 from radixrt.server.metrics import Metrics
 from radixrt.server_args import ServerArgs
@@ -75,21 +74,15 @@ class ReqState:
     def finished(self) -> bool:
         return self.builder.finished or self.error is not None
 
-    def _error_reason(self) -> dict | None:
-        reason = self.builder.meta.get("finish_reason")
-        if reason and reason.get("type") == "abort" and reason.get("message") not in (None, "aborted"):
-            return reason
-        return None
-
     def request_error(self) -> str | None:
         """The message of an abort that the runtime raised for a bad request (Engine raises ValueError)."""
-        reason = self._error_reason()
-        return reason["message"] if reason and reason.get("status_code", 400) < 500 else None
+        reason = self.builder.finish_reason
+        return reason.message if reason is not None and reason.is_error and not reason.is_server_error else None
 
     def server_error(self) -> str | None:
         """The message of a failure inside the runtime while serving this request (HTTP 500)."""
-        reason = self._error_reason()
-        return reason["message"] if reason and reason.get("status_code", 400) >= 500 else None
+        reason = self.builder.finish_reason
+        return reason.message if reason is not None and reason.is_server_error else None
 
 
 class TokenizerManager:
@@ -199,11 +192,11 @@ class TokenizerManager:
     def _count_finished(self, state: ReqState, now: float) -> None:
         m = self.metrics
         meta = state.builder.meta
-        reason = (meta.get("finish_reason") or {}).get("type")
+        reason = state.builder.finish_reason
         if state.request_error() is not None or state.server_error() is not None:
             m.requests_failed += 1
             return
-        if reason == "abort":
+        if reason is not None and reason.type == "abort":
             m.requests_aborted += 1
         m.requests_finished += 1
         m.prompt_tokens += meta.get("prompt_tokens", 0)
@@ -214,12 +207,13 @@ class TokenizerManager:
     def _log_finished(self, state: ReqState, now: float) -> None:
         """One line a request: sizes, timings and outcome; its text only with --log-requests."""
         meta = state.builder.meta
-        reason = meta.get("finish_reason") or {}
-        line = (f"request {state.rid}: {reason.get('type')} after {now - state.created:.3f} s, "
+        reason = state.builder.finish_reason
+        outcome = reason.type if reason is not None else None
+        line = (f"request {state.rid}: {outcome} after {now - state.created:.3f} s, "
                 f"prompt {meta.get('prompt_tokens', 0)} tokens ({meta.get('cached_tokens', 0)} cached), "
                 f"output {meta.get('completion_tokens', 0)} tokens")
-        if reason.get("type") == "abort" and reason.get("message") not in (None, "aborted"):
-            line += f", error {reason.get('status_code', 400)}"
+        if reason is not None and reason.is_error:
+            line += f", error {reason.status_code or 400}"
         if self.args.log_requests:
             prompt = self.tokenizer.decode(state.prompt_ids) if state.prompt_ids else ""
             line += f"; prompt {prompt!r}; output {state.builder.text!r}"
@@ -270,23 +264,14 @@ class TokenizerManager:
     def client_limits(self) -> ClientLimits:
         return ClientLimits.of_server(self.args, self.ready.context_length)
 
-    def validate(self, ids: list[int], params: SamplingParams) -> None:
-        self.client_limits.check_params(params)
-        validate_request(ids, params, self.limits)
-
-    def prepare(self, prompt, sampling_params, input_ids, return_logprob: bool = False,
-                logprob_start_len: int | None = None, top_logprobs_num: int | None = None
-                ) -> tuple[list[list[int]], list[SamplingParams], bool]:
-        """The Engine's rules (radixrt.requests.prepare): exactly one of text and input_ids; one params dict or
-        one per prompt; every sequence validated with its logprob options."""
-        p = prepare(prompt, sampling_params, input_ids, encode=self.encode, limits=self.limits,
-                    return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                    top_logprobs_num=top_logprobs_num, client_limits=self.client_limits)
-        return p.ids, p.params, p.batched
-
-    @staticmethod
-    def params_from_dict(values: Any) -> SamplingParams:
-        return params_from(values)
+    def prepare(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: bool = False,
+                logprob_start_len: int | None = None, top_logprobs_num: int | None = None) -> Prepared:
+        """The one request path of every route (radixrt.requests.prepare) with this server's limits: exactly one
+        of text and input_ids; one params dict or one per prompt; every sequence validated with its logprob
+        options. Blocking (it tokenizes text): call it through ``off_loop``."""
+        return prepare(prompt, sampling_params, input_ids, encode=self.encode, limits=self.limits,
+                       return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                       top_logprobs_num=top_logprobs_num, client_limits=self.client_limits)
 
     # ----- submitting ---------------------------------------------------------------------------------
 
@@ -301,12 +286,9 @@ class TokenizerManager:
                 f"most {self.args.max_queued_requests}; retry later"
             )
 
-    def submit_all(self, ids: list[list[int]], params: list[SamplingParams], return_logprob: bool = False,
-                   logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-                   rids: list[str] | None = None) -> list[ReqState]:
+    def submit_all(self, prepared: Prepared, rids: list[str] | None = None) -> list[ReqState]:
         """One submission per sample (radixrt.requests.expand): n > 1 becomes n requests sharing the prompt.
-        ``ids`` and ``params`` come from ``prepare`` or ``validate``: they are checked already."""
-        prepared = Prepared(ids, params, False, return_logprob, logprob_start_len, top_logprobs_num)
+        ``prepared`` comes from ``prepare``: it is checked already."""
         messages = expand(prepared, lambda: f"{uuid.uuid4().hex[:12]}-{next(self._counter)}", rids)
         if rids is not None and any(r in self.states for r in rids):
             raise RequestError("rid must be unique among the requests in flight")
@@ -314,7 +296,8 @@ class TokenizerManager:
         event = asyncio.Event()
         states = []
         for i, msg in enumerate(messages):
-            state = ReqState(msg.rid, ResponseBuilder(msg.rid, return_logprob, msg.top_logprobs_num), event, i)
+            builder = ResponseBuilder(msg.rid, prepared.return_logprob, msg.top_logprobs_num)
+            state = ReqState(msg.rid, builder, event, i)
             if self.args.log_requests:
                 state.prompt_ids = msg.input_ids
             self.states[msg.rid] = state

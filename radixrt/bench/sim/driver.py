@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from radixrt.bench.sim.oracle import DeltaSink, SoloOracle, build_scheduler, generate_req, same_outcome
 from radixrt.bench.sim.workload import Knobs, SimRequest, Workload, generate
 from radixrt.bench.sim.world import World, load_world
-from radixrt.messages import AbortReq, FlushCacheReq
+from radixrt.messages import AbortReq, FinishReason, FlushCacheReq
 
 LATE_ABORT_STEPS = 5  # a "late" abort with k fires 5 * k + 1 steps after submission, whatever the state
 
@@ -125,7 +125,7 @@ class Simulation:
         self.result.retractions = self.scheduler.num_retractions
         self.result.evicted_pages = self.scheduler.cache.stats.evicted_pages
         self.result.jump_forwards = self.scheduler.jump_forwards
-        self.result.aborts = sum(1 for r in self.sink.finished.values() if r.get("type") == "abort")
+        self.result.aborts = sum(1 for r in self.sink.finished.values() if r.type == "abort")
         return self.result
 
     def _submit_due(self) -> None:
@@ -241,10 +241,9 @@ class Simulation:
             req = self.reqs.get(rid)
             if req is not None and req.output_ids != emitted:
                 raise SimFailure("delta", f"{rid}: deltas {emitted} != final output {req.output_ids}")
-            kind = reason.get("type")
-            if kind == "abort":
+            if reason.type == "abort":
                 self._check_abort(spec, reason, emitted)
-            elif kind not in ("stop", "length"):
+            elif reason.type not in ("stop", "length"):
                 raise SimFailure("finish", f"{rid}: finish reason {reason}")
             else:
                 solo = self.oracle.run(spec, self.prompts[rid], self.knobs.jump_forward, self.vocab_size)
@@ -252,9 +251,9 @@ class Simulation:
                 if problem:
                     raise SimFailure("mismatch", f"{rid}: {problem} (prompt {len(self.prompts[rid])} tokens)")
 
-    def _check_abort(self, spec: SimRequest, reason: dict, emitted: list[int]) -> None:
-        message = str(reason.get("message"))
-        if reason.get("status_code") == 500 or message.startswith("internal error"):
+    def _check_abort(self, spec: SimRequest, reason: FinishReason, emitted: list[int]) -> None:
+        message = str(reason.message)
+        if reason.status_code == 500 or message.startswith("internal error"):
             where = self.errors.get(spec.rid) or (self.errors.get(None) or "")
             raise SimFailure("crash:isolated", f"{spec.rid} ended in a server error: {message} {where}".strip())
         if spec.expect_error is not None and spec.expect_error in message:

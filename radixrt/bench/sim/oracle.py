@@ -18,7 +18,7 @@ import msgspec
 from radixrt.bench.sim.fake_runner import FakeRunner
 from radixrt.bench.sim.workload import Knobs, SimRequest
 from radixrt.bench.sim.world import World
-from radixrt.messages import BatchTokenOut, GenerateReq, ReqDelta
+from radixrt.messages import BatchTokenOut, FinishReason, GenerateReq, ReqDelta
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.server_args import ServerArgs
 
@@ -64,7 +64,7 @@ def generate_req(spec: SimRequest, prompt: list[int]) -> GenerateReq:
 @dataclass
 class Outcome:
     output_ids: list[int]
-    finish_reason: dict | None
+    finish_reason: FinishReason | None
     output_logprobs: list | None = None
     input_logprobs: list | None = None
 
@@ -102,7 +102,7 @@ class DeltaSink:
 
     def __init__(self) -> None:
         self.deltas: dict[str, list[ReqDelta]] = {}
-        self.finished: dict[str, dict] = {}
+        self.finished: dict[str, FinishReason] = {}
         self.problems: list[str] = []
         self.newly_finished: list[str] = []
         self._emitted: list[tuple[ReqDelta, bytes]] = []

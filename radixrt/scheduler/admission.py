@@ -1,0 +1,187 @@
+"""Admission: which waiting requests start running this step, in policy order, within the page budget.
+
+The waiting queue holds requests not admitted yet and retracted ones (at its head). Each step:
+
+- ``drop_failed_grammars`` takes out constrained requests whose grammar failed or did not compile within
+  GRAMMAR_COMPILE_TIMEOUT_S (finished with a 400, for the caller to emit); a request whose grammar is still
+  compiling waits without holding up the others.
+- ``admit`` matches every ready request against the cache, orders them by policy, and admits while the
+  chunked-prefill token budget, ``max_running_requests`` and the pages last. Pages are weighed against what
+  running requests will still need: their remaining ``max_new_tokens`` times ``new_token_ratio``, an estimate
+  that rises after a retraction (``take_back``) and decays while memory is calm (``decay``). When nothing
+  else runs a request is admitted whatever the estimate: validation made sure it fits the pool alone.
+- A request whose uncached prefix overlaps a request just admitted or still prefilling by DEDUP_MIN_TOKENS
+  (and at least a page) waits, to read that prefix from the cache instead of computing it twice.
+
+An admitted request's pages come from ``Memory`` (hold the matched path, then take it); admission changes no
+page table itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING
+
+from radixrt.memory.radix_cache import RadixCache
+from radixrt.messages import FinishReason
+from radixrt.scheduler.memory import Memory
+from radixrt.scheduler.policy import order_waiting
+from radixrt.scheduler.request import Req
+from radixrt.server_args import ServerArgs
+from radixrt.token_ids import common_prefix_len
+
+if TYPE_CHECKING:
+    from radixrt.memory.radix_cache import TreeNode
+
+logger = logging.getLogger("radixrt.scheduler")
+GRAMMAR_COMPILE_TIMEOUT_S = 30.0  # a constrained request waits at most this long for its grammar
+INIT_NEW_TOKEN_RATIO = 0.5
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.002  # per step
+RETRACT_RATIO_STEP = 0.2
+DEDUP_MIN_TOKENS = 32
+
+
+class Admission:
+    def __init__(self, args: ServerArgs, cache: RadixCache, memory: Memory, page_size: int) -> None:
+        self.args = args
+        self.cache = cache
+        self.memory = memory
+        self.page_size = page_size
+        self.waiting: list[Req] = []
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.admitted_now: set[int] = set()  # ids of the requests the latest admission took in
+        self.num_retractions = 0
+        self.hit_tokens = 0  # prompt tokens served by the cache
+        self.miss_tokens = 0  # prompt tokens computed
+
+    # ----- the queue ----------------------------------------------------------------------------------
+
+    def take_back(self, req: Req) -> None:
+        """A request retracted under memory pressure (pages released) waits at the head of the queue, to be
+        computed again, mostly from the cache; admission then reserves more room for future decodes."""
+        if not req.input_logprobs_sent:  # its prompt is computed again from the first logprob position on
+            req.input_logprobs.clear()
+            req.input_top_logprobs.clear()
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.new_token_ratio = min(1.0, self.new_token_ratio + RETRACT_RATIO_STEP)
+        self.waiting.insert(0, req)
+        logger.info("retracted %s (%d outputs) under memory pressure", req.rid, len(req.output_ids))
+
+    def decay(self) -> None:
+        """A step ran: the estimate of future decodes relaxes toward its floor."""
+        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+
+    def drop_failed_grammars(self) -> list[Req]:
+        """Take the requests whose grammar failed out of the queue, finished; give the others their matcher."""
+        kept: list[Req] = []
+        failed: list[Req] = []
+        for req in self.waiting:
+            (failed if _settle_grammar(req) else kept).append(req)
+        self.waiting = kept
+        return failed
+
+    # ----- admission ----------------------------------------------------------------------------------
+
+    def admit(self, running: list[Req]) -> None:
+        """Move the requests that fit from the waiting queue to the end of ``running``."""
+        ready = [r for r in self.waiting if r.grammar_future is None or r.grammar_future.done()]
+        if not ready or len(running) >= self.args.max_running_requests:
+            return
+        matches: dict[str, tuple[int, TreeNode]] = {}
+        for req in ready:
+            m = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False)
+            matches[req.rid] = (m.num_tokens + m.partial_tokens, m.node)
+        budget = self.args.chunked_prefill_size
+        committed = sum(self._future_pages(r) for r in running)  # pages promised, not yet allocated
+        admitted: list[Req] = []
+        for req in order_waiting(self.args.schedule_policy, ready, matches):
+            if budget <= 0 or len(running) >= self.args.max_running_requests:
+                break
+            if self._shares_uncached_prefix(req, running, admitted, matches[req.rid][0]):
+                continue
+            pages = self._take_in(req, committed, alone=not running)
+            if pages is None:
+                break
+            committed += pages
+            budget -= req.num_to_compute
+            admitted.append(req)
+            running.append(req)
+        self.admitted_now = {id(r) for r in admitted}
+        if admitted:
+            self.waiting = [r for r in self.waiting if id(r) not in self.admitted_now]
+
+    def _take_in(self, req: Req, committed: int, alone: bool) -> int | None:
+        """Give ``req`` its cached prefix if its pages fit (or it would run ``alone``); returns the pages it is
+        promised, or None if it waits."""
+        match = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False)
+        self.memory.hold(match.node)
+        need = math.ceil((req.total_len + 1) / self.page_size) - len(match.pages)
+        reserve = math.ceil(
+            max(req.params.max_new_tokens - len(req.output_ids), 0) * self.new_token_ratio / self.page_size
+        )
+        # Measured after the hold: the matched pages are no longer evictable, so they are not room.
+        if need + reserve > self.memory.available_pages - committed and not alone:
+            self.memory.unhold(match.node)
+            return None
+        self.memory.take_match(req, match)
+        if req.num_retractions == 0:  # count a request's lookup once, when it is admitted
+            self.cache.record(match.num_tokens, self._match_limit(req))
+            req.cached_tokens = req.num_computed
+            self.hit_tokens += req.num_computed
+            self.miss_tokens += len(req.prompt_ids) - req.num_computed
+        return need + reserve
+
+    def _match_limit(self, req: Req) -> int:
+        """Tokens the cache may serve: never the last one (its logits are needed), nor prompt logprob rows."""
+        limit = req.total_len - 1
+        if req.computes_prompt_logprobs:
+            limit = min(limit, max(req.logprob_start_len - 1, 0))
+        return limit
+
+    def _future_pages(self, req: Req) -> int:
+        remaining = max(req.params.max_new_tokens - len(req.output_ids), 0)
+        target = req.total_len + math.ceil(remaining * self.new_token_ratio)
+        return max(math.ceil(target / self.page_size) - len(req.pages), 0)
+
+    def _shares_uncached_prefix(self, req: Req, running: list[Req], admitted: list[Req], cached: int) -> bool:
+        if self.cache.disabled:
+            return False
+        just_admitted = {id(r) for r in admitted}
+        fill = req.fill_ids
+        for other in running:  # the admitted ones included
+            if other.num_to_compute <= 1 and id(other) not in just_admitted:
+                continue
+            common = common_prefix_len(fill, other.fill_ids)
+            if common - cached >= max(DEDUP_MIN_TOKENS, self.page_size):
+                return True
+        return False
+
+
+def _settle_grammar(req: Req) -> bool:
+    """A constrained request whose grammar compiled gets its matcher; one whose grammar failed or timed out is
+    finished with a 400 (True)."""
+    future = req.grammar_future
+    if future is None or req.grammar is not None:
+        return False
+    if not future.done():
+        # A grammar whose token index takes minutes to build (e.g. a JSON schema with a large minItems)
+        # must not leave its client waiting forever: refuse it after a deadline.
+        if time.monotonic() - req.arrival < GRAMMAR_COMPILE_TIMEOUT_S:
+            return False
+        future.cancel()
+        req.finish_reason = FinishReason.error(f"invalid grammar: too complex, it did not compile within "
+                                               f"{GRAMMAR_COMPILE_TIMEOUT_S:.0f} s", 400)
+        return True
+    error = future.exception()
+    if error is None:
+        try:
+            req.grammar = future.result().matcher()
+            return False
+        except Exception as exc:
+            error = exc
+    req.finish_reason = FinishReason.error(f"invalid grammar: {error}", 400)
+    return True

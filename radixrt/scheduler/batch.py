@@ -1,0 +1,53 @@
+"""Batch building: which tokens of which running requests the next forward computes, and its ForwardBatch.
+
+A plan lists ``(request, n)``: the forward computes the next ``n`` tokens of ``req.fill_ids`` (from
+``req.num_computed`` on). A decode computes one token; a prefill chunk more, within the chunked-prefill token
+budget, in admission order. The logits of a chunk's last token give the request's next token; prompt
+logprobs need the rows from their first position on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.scheduler.request import Req
+
+Plan = list[tuple[Req, int]]
+
+
+def plan_batch(running: list[Req], chunked_prefill_size: int, enable_mixed_chunk: bool) -> Plan:
+    """Prefills share the chunked-prefill token budget in admission order. While any prefill runs, decodes
+    wait (prefill first, as SGLang does: the fewest steps for a batch of prompts) unless
+    ``enable_mixed_chunk`` rides them along in the same step (steadier inter-token latency)."""
+    budget = chunked_prefill_size
+    plan: Plan = []
+    has_prefill = False
+    for req in running:
+        todo = req.num_to_compute
+        if todo == 1:
+            plan.append((req, 1))
+        elif budget > 0:
+            n = min(todo, budget)
+            budget -= n
+            plan.append((req, n))
+            has_prefill = True
+    if has_prefill and not enable_mixed_chunk:
+        plan = [(req, n) for req, n in plan if req.num_to_compute > 1]
+    return plan
+
+
+def logits_from(req: Req, n: int) -> int:
+    """First row of this chunk whose logits are needed (prompt logprobs start early)."""
+    if req.computes_prompt_logprobs:
+        first_position = max(req.logprob_start_len - 1, 0)
+        if first_position < req.num_computed + n:
+            return max(first_position - req.num_computed, 0)
+    return n - 1
+
+
+def build_forward_batch(plan: Plan, page_size: int, device: torch.device | str) -> ForwardBatch:
+    """The forward's metadata; every planned request's pages must already cover its new tokens."""
+    chunks = [SeqChunk(req.fill_ids[req.num_computed : req.num_computed + n], req.num_computed, req.pages,
+                       logits_from(req, n)) for req, n in plan]
+    return ForwardBatch.build(chunks, page_size, device)

@@ -1,0 +1,71 @@
+"""What a forward's logits become: next tokens (penalties, min-token bans, grammar masks, sampling) and logprobs.
+
+``next_tokens`` samples a batch of requests at once and appends output logprobs to each request's pending ones;
+``collect_prompt_logprobs`` reads the prompt logprob rows of one prefill chunk. Neither finishes a request:
+an error propagates to the caller, which decides whom it fails.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixrt.sampling.logits_processor import apply_penalties, ban_tokens, token_logprobs
+from radixrt.sampling.sampler import SamplingBatch, sample
+from radixrt.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from radixrt.constrained.grammar_backend import GrammarBackend
+
+
+def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_size: int,
+                grammars: GrammarBackend | None) -> list[int]:
+    """One next token per row of ``logits`` (one row per request); logprobs of the raw logits."""
+    params = [r.params for r in reqs]
+    raw = logits
+    logits = logits.clone()
+    apply_penalties(logits, params, [r.prompt_ids for r in reqs], [r.output_ids for r in reqs])
+    banned = []
+    for r in reqs:
+        ids: list[int] = []
+        if len(r.output_ids) < r.params.min_new_tokens:
+            ids = sorted((set() if r.params.ignore_eos else eos_ids) | set(r.params.stop_token_ids or []))
+        banned.append(ids)
+    ban_tokens(logits, banned)
+    if any(r.grammar is not None for r in reqs):
+        grammars.apply_masks(logits, [r.grammar for r in reqs])
+    batch = SamplingBatch.build(params, vocab_size, [r.generator for r in reqs], device=logits.device)
+    tokens = sample(logits, batch)
+    token_ids = tokens.tolist()  # one device-to-host copy for the batch
+    wants = [i for i, r in enumerate(reqs) if r.return_logprob]
+    if wants:
+        top_k = max(reqs[i].top_logprobs_num for i in wants)
+        logprobs = torch.log_softmax(raw[wants].float(), dim=-1)
+        chosen, top = token_logprobs(logprobs, tokens[wants], top_k)
+        for j, i in enumerate(wants):
+            reqs[i].pending_output_logprobs.append((chosen[j], token_ids[i]))
+            if reqs[i].top_logprobs_num:
+                reqs[i].pending_output_top.append(top[j][: reqs[i].top_logprobs_num])
+    return token_ids
+
+
+def collect_prompt_logprobs(req: Req, start: int, n: int, rows: torch.Tensor) -> None:
+    """Row i of ``rows`` holds the logits after position ``start + n - len(rows) + i``."""
+    first_row_position = start + n - rows.shape[0]
+    prompt_len = len(req.prompt_ids)
+    if req.logprob_start_len == 0 and not req.input_logprobs and start == 0:
+        req.input_logprobs.append((None, req.prompt_ids[0]))
+        if req.top_logprobs_num:
+            req.input_top_logprobs.append([])
+    positions = [first_row_position + i for i in range(rows.shape[0])]
+    keep = [i for i, q in enumerate(positions)
+            if max(req.logprob_start_len - 1, 0) <= q < prompt_len - 1 and q + 1 >= req.logprob_start_len]
+    if not keep:
+        return
+    targets = torch.tensor([req.prompt_ids[positions[i] + 1] for i in keep], device=rows.device)
+    logprobs = torch.log_softmax(rows[keep].float(), dim=-1)
+    chosen, top = token_logprobs(logprobs, targets, req.top_logprobs_num)
+    req.input_logprobs.extend(zip(chosen, targets.tolist()))
+    if top is not None:
+        req.input_top_logprobs.extend(top)

@@ -1,0 +1,140 @@
+"""The KV pages of requests: the only code that changes a request's ``pages``, ``node`` and ``num_tree_pages``.
+
+A request's page table is ``req.pages``: ``pages[:num_tree_pages]`` belong to the radix tree and are
+protected from eviction by a lock on ``req.node`` (the deepest cached node of its path); the rest are
+private to the request, one reference each. A page's single reference belongs to the tree or to the one
+request that allocated it: a request never frees a tree page, the tree never frees a private page.
+``req.num_computed`` counts the tokens whose K/V those pages hold; it is set here when pages are taken or
+given back, and advanced by the output step as the forward computes tokens.
+
+- ``hold`` locks a matched path while admission weighs a request (``unhold`` if it does not fit);
+  ``take_match`` then gives the request the matched pages, plus a private copy of a partially matched page.
+- ``reserve`` gives a planned batch the pages its new tokens need: evict cached pages, then retract running
+  requests (the fewest outputs first), then allocate.
+- ``cache_prefix`` (after a prefill chunk) puts computed whole pages in the tree for others to share.
+- ``release`` (finish, abort, retraction, failed batch) inserts computed whole pages in the tree, frees the
+  private pages the tree did not keep, unlocks the path and empties the table.
+- ``check`` asserts the page accounting.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from radixrt.memory.page_pool import OutOfPagesError, PagePool
+from radixrt.memory.radix_cache import RadixCache
+from radixrt.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from radixrt.memory.radix_cache import MatchResult, TreeNode
+    from radixrt.scheduler.batch import Plan
+
+
+class Memory:
+    def __init__(self, pool: PagePool, cache: RadixCache, page_size: int) -> None:
+        self.pool = pool
+        self.cache = cache
+        self.page_size = page_size
+
+    @property
+    def available_pages(self) -> int:
+        """Pages a new request could get: free ones plus cached ones no request holds."""
+        return self.pool.num_free + self.cache.evictable_pages
+
+    # ----- admission --------------------------------------------------------------------------------
+
+    def hold(self, node: TreeNode) -> None:
+        """Protect a matched path from eviction while admission decides (then ``take_match`` or ``unhold``)."""
+        self.cache.lock(node)
+
+    def unhold(self, node: TreeNode) -> None:
+        self.cache.unlock(node)
+
+    def take_match(self, req: Req, match: MatchResult) -> None:
+        """A request admitted with ``match`` (held): its page table starts with the matched tree pages."""
+        req.node = match.node
+        req.pages = list(match.pages)
+        req.num_tree_pages = len(match.pages)
+        req.num_computed = match.num_tokens
+        reused = self.cache.reuse_partial(match) if match.partial_tokens else None
+        if reused is not None:
+            page, tokens = reused
+            req.pages.append(page)
+            req.num_computed += tokens
+
+    # ----- a batch's pages ----------------------------------------------------------------------------
+
+    def _pages_short(self, plan: Plan) -> int:
+        need = sum(max(math.ceil((r.num_computed + n) / self.page_size) - len(r.pages), 0) for r, n in plan)
+        return need - self.pool.num_free
+
+    def reserve(self, plan: Plan, running: list[Req], admitted_now: set[int]) -> tuple[Plan, list[Req]]:
+        """Give every planned request the pages its new tokens need: evict, then retract if that is not enough.
+
+        Returns the plan without the retracted requests, and those requests (pages released, still in
+        ``running``): the caller puts them back in the waiting queue. ``admitted_now`` holds the ids of the
+        requests admitted this step.
+        """
+        short = self._pages_short(plan)
+        if short > 0:
+            self.cache.evict(short)
+            short = self._pages_short(plan)
+        candidates = list(running)
+        retracted: list[Req] = []
+        while short > 0:
+            if len(candidates) == 1:
+                raise OutOfPagesError("a single request does not fit in the KV pool")  # prevented by validate()
+            # The fewest outputs lose the least work; a request admitted this step goes last, since its
+            # admission counted on the room.
+            victim = min(candidates, key=lambda r: (id(r) in admitted_now, len(r.output_ids), -r.arrival))
+            candidates.remove(victim)
+            self.release(victim)
+            retracted.append(victim)
+            plan = [(r, n) for r, n in plan if r is not victim]
+            self.cache.evict(max(self._pages_short(plan), 0))
+            short = self._pages_short(plan)
+        for req, n in plan:
+            need = math.ceil((req.num_computed + n) / self.page_size) - len(req.pages)
+            if need > 0:
+                req.pages.extend(self.pool.alloc(need))
+        return plan, retracted
+
+    def cache_prefix(self, req: Req) -> None:
+        """After a prefill chunk: put the request's computed whole pages in the tree for others to share."""
+        whole = req.num_computed // self.page_size
+        if self.cache.disabled or whole <= req.num_tree_pages:
+            return
+        result = self.cache.insert(req.fill_ids[: whole * self.page_size], req.pages[:whole])
+        kept = set(result.tree_pages)
+        self.pool.decref([p for p in result.duplicates if p not in kept])
+        req.pages[: len(result.tree_pages)] = result.tree_pages
+        self.cache.lock(result.node)  # the new node before unlocking the old: the shared path stays locked
+        if req.node is not None:
+            self.cache.unlock(req.node)
+        req.node = result.node
+        req.num_tree_pages = len(result.tree_pages)
+
+    def release(self, req: Req) -> None:
+        """Hand the request's computed whole pages to the cache, free the rest, unlock its path."""
+        if req.node is None and not req.pages:
+            return
+        whole = min(req.num_computed // self.page_size, len(req.pages))
+        result = self.cache.insert(req.fill_ids[: whole * self.page_size], req.pages[:whole])
+        kept = set(result.tree_pages)
+        private = [p for p in req.pages[req.num_tree_pages :] if p not in kept]
+        self.pool.decref(private)
+        if req.node is not None:
+            self.cache.unlock(req.node)
+        req.node, req.pages, req.num_tree_pages = None, [], 0
+        req.num_computed = 0
+
+    # ----- health -------------------------------------------------------------------------------------
+
+    def check(self, running: list[Req]) -> None:
+        """Page accounting invariants: every page is free, cached or private to exactly one running request."""
+        private = [p for r in running for p in r.pages[r.num_tree_pages :]]
+        assert len(private) == len(set(private)), "a private page is listed twice"
+        self.cache.check(private)
+        total = self.pool.num_free + self.cache.cached_pages + len(private)
+        assert total == self.pool.num_pages, f"pages leak: free+cached+private={total} of {self.pool.num_pages}"

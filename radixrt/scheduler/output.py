@@ -1,0 +1,209 @@
+"""After the forward: each request's logits become progress, a next token, perhaps its finish; then deltas.
+
+``process`` takes a planned request ``(req, n)`` over its ``n`` computed tokens (prompt logprobs; a prefill
+chunk's whole pages go to the cache) and, once its whole fill is computed, samples its next token. The token
+is checked against the grammar, stop tokens, stop strings and the length limits, then jump-forward may append
+what the grammar forces. ``process`` returns the requests that progressed (a token is due, or finished); the
+caller releases the finished ones' pages, then ``emit`` sends one ReqDelta per request, in one BatchTokenOut.
+
+Faults stay with their request: an error while handling one request's output finishes it with a 500-coded
+abort (``finish_with_error``); a batch whose sampling fails is sampled row by row so only the culprits fail.
+
+Jump-forward may re-tokenise a request's latest output tokens. Only tokens not yet sent are ever dropped, so a
+constrained request's last JUMP_FORWARD_HOLD tokens are held back from emission until they are final (or the
+request finishes): the detokenizer only ever sees final tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from radixrt.detokenize import TextStream
+from radixrt.messages import BatchTokenOut, FinishReason, ReqDelta
+from radixrt.scheduler.logits import collect_prompt_logprobs, next_tokens
+from radixrt.scheduler.memory import Memory
+from radixrt.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from radixrt.constrained.grammar_backend import GrammarBackend
+    from radixrt.scheduler.batch import Plan
+
+logger = logging.getLogger("radixrt.scheduler")
+JUMP_FORWARD_HOLD = 4
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, eos_ids: set[int], vocab_size: int, context_length: int, page_size: int,
+                 grammars: GrammarBackend | None, memory: Memory, sink: Callable[[BatchTokenOut], None]) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.vocab_size = vocab_size
+        self.context_length = context_length
+        self.page_size = page_size
+        self.grammars = grammars
+        self.memory = memory
+        self.sink = sink
+        self.jump_forwards = 0
+        self.jump_forward_tokens = 0  # output tokens jump-forward added, net
+
+    def process(self, plan: Plan, logits_rows: tuple[torch.Tensor, ...]) -> list[Req]:
+        """Account for a forward's results; returns the requests that progressed, in plan order."""
+        samplers: list[Req] = []
+        last_rows: list[torch.Tensor] = []
+        for (req, n), rows in zip(plan, logits_rows):
+            try:
+                if self._advance(req, n, rows):
+                    samplers.append(req)
+                    last_rows.append(rows[-1])
+            except Exception as exc:
+                self.finish_with_error(req, exc, "reading its logits")
+        if samplers:
+            for req, token in zip(samplers, self._sample_each(samplers, last_rows)):
+                if token is None:
+                    continue
+                try:
+                    self._take_token(req, token)
+                except Exception as exc:
+                    self.finish_with_error(req, exc, "checking its output")
+        return [req for req, _ in plan if req.num_computed == req.total_len - 1 or req.finished]
+
+    def finish_with_error(self, req: Req, error: Exception, doing: str) -> None:
+        """The runtime failed while serving this request: it ends with a 500-coded abort (once)."""
+        if req.finished:
+            return
+        logger.error("request %s failed while %s: %r", req.rid, doing, error, exc_info=error)
+        req.finish_reason = FinishReason.error(f"internal error while {doing}: {error!r}", 500)
+
+    # ----- one request's tokens -----------------------------------------------------------------------
+
+    def _advance(self, req: Req, n: int, rows: torch.Tensor) -> bool:
+        """Account for ``n`` computed tokens of ``req``; True when its next token is to be sampled now."""
+        start = req.num_computed
+        if req.computes_prompt_logprobs:
+            collect_prompt_logprobs(req, start, n, rows)
+        req.num_computed += n
+        if n > 1 and start < len(req.prompt_ids):  # a prefill chunk (not a jump-forward extend)
+            self.memory.cache_prefix(req)
+        if req.num_computed < req.total_len:
+            return False  # a prefill chunk that does not reach the end yet
+        if req.params.max_new_tokens == 0:  # prompt only: logprobs, or prefilling a shared prefix
+            req.finish_reason = FinishReason.length()
+            return False
+        return True
+
+    def _sample_each(self, reqs: list[Req], rows: list[torch.Tensor]) -> list[int | None]:
+        """Sample the batch at once; if that fails, one request at a time, so only the culprits fail."""
+        try:
+            return list(self._next_tokens(reqs, torch.stack(rows)))
+        except Exception as batch_error:
+            logger.warning("sampling a batch of %d failed (%r); sampling its requests one by one", len(reqs),
+                           batch_error)
+        tokens: list[int | None] = []
+        for req, row in zip(reqs, rows):
+            try:
+                tokens.append(self._next_tokens([req], row[None])[0])
+            except Exception as exc:
+                self.finish_with_error(req, exc, "sampling")
+                tokens.append(None)
+        return tokens
+
+    def _next_tokens(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
+        return next_tokens(reqs, logits, self.eos_ids, self.vocab_size, self.grammars)
+
+    def _take_token(self, req: Req, token: int) -> None:
+        req.output_ids.append(token)
+        self._check_finish(req, token)
+        if not req.finished and req.grammar is not None:
+            self._jump_forward(req)
+
+    def _check_finish(self, req: Req, token: int) -> None:
+        params = req.params
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            req.finish_reason = FinishReason.error(f"constrained decoding: the grammar rejected token {token}", 500)
+            return
+        if token in (params.stop_token_ids or []) or (token in self.eos_ids and not params.ignore_eos):
+            req.finish_reason = FinishReason.stop(token)
+            return
+        if req.stop_text is not None:
+            req.stop_text.add([token])
+            if req.stop_text.stopped_at is not None:
+                req.finish_reason = FinishReason.stop(req.stop_text.stopped_at)
+                return
+        if req.grammar is not None and req.grammar.is_finished():
+            req.finish_reason = FinishReason.stop()
+            return
+        if len(req.output_ids) >= params.max_new_tokens or req.total_len >= self.context_length:
+            req.finish_reason = FinishReason.length()
+
+    def _jump_forward(self, req: Req) -> None:
+        """Append the text the grammar forces now; the next step computes it as one extend chunk.
+
+        Only output tokens that were neither sent (see JUMP_FORWARD_HOLD) nor put in tree pages may be
+        re-tokenised, so a drop never changes streamed text nor touches shared KV. Dropped tokens that had
+        KV leave their slots in private pages, overwritten by the extend. Not for logprob requests (the
+        appended tokens were not sampled).
+        """
+        if req.return_logprob or not self.grammars.jump_forward_enabled:
+            return
+        frozen = max(req.num_sent, req.num_tree_pages * self.page_size - len(req.prompt_ids), 0)
+        room = min(req.params.max_new_tokens - len(req.output_ids), self.context_length - req.total_len)
+        if room < 1 or frozen >= len(req.output_ids):
+            return
+        jf = self.grammars.jump_forward(req.grammar, req.output_ids[frozen:], max_tokens_to_append=room)
+        if jf is None:
+            return
+        if jf.num_tokens_to_drop:
+            del req.output_ids[len(req.output_ids) - jf.num_tokens_to_drop :]
+            req.num_computed = min(req.num_computed, req.total_len)
+        req.output_ids.extend(jf.tokens_to_append)
+        if req.num_computed >= req.total_len:  # nothing appended (cannot happen with room >= 1): recompute the last
+            req.num_computed = req.total_len - 1
+        self.jump_forwards += 1
+        self.jump_forward_tokens += len(jf.tokens_to_append) - jf.num_tokens_to_drop
+        if req.stop_text is not None:  # re-render the stop-string check over the new token sequence
+            req.stop_text = TextStream(self.tokenizer, req.params.stop, req.params.skip_special_tokens)
+            req.stop_text.add(req.output_ids)
+            if req.stop_text.stopped_at is not None:
+                req.finish_reason = FinishReason.stop(req.stop_text.stopped_at)
+                return
+        if req.grammar.is_finished():
+            req.finish_reason = FinishReason.stop()
+        elif len(req.output_ids) >= req.params.max_new_tokens or req.total_len >= self.context_length:
+            req.finish_reason = FinishReason.length()
+
+    # ----- emission -----------------------------------------------------------------------------------
+
+    def emit(self, reqs: list[Req]) -> None:
+        """One ReqDelta per request (its new final tokens, logprobs, finish), all in one BatchTokenOut."""
+        deltas = []
+        for req in reqs:
+            end = len(req.output_ids)
+            if req.grammar is not None and req.finish_reason is None and not req.return_logprob \
+                    and self.grammars.jump_forward_enabled:
+                end = max(req.num_sent, end - JUMP_FORWARD_HOLD)  # may still be re-tokenised by jump-forward
+            delta = ReqDelta(
+                rid=req.rid,
+                new_ids=req.output_ids[req.num_sent : end],
+                finish_reason=req.finish_reason,
+                prompt_tokens=len(req.prompt_ids),
+                cached_tokens=req.cached_tokens,
+                completion_tokens=len(req.output_ids),
+            )
+            if req.num_sent == 0 and not req.input_logprobs_sent:
+                delta.stop = req.params.stop
+                delta.skip_special_tokens = req.params.skip_special_tokens
+            if req.return_logprob:
+                delta.output_logprobs, req.pending_output_logprobs = req.pending_output_logprobs, []
+                if req.top_logprobs_num:
+                    delta.output_top_logprobs, req.pending_output_top = req.pending_output_top, []
+                if not req.input_logprobs_sent and req.wants_prompt_logprobs:
+                    delta.input_logprobs = list(req.input_logprobs)  # a copy: the request lives on
+                    delta.input_top_logprobs = list(req.input_top_logprobs) if req.top_logprobs_num else None
+            req.input_logprobs_sent = True
+            req.num_sent = end
+            deltas.append(delta)
+        if deltas:
+            self.sink(BatchTokenOut(deltas))

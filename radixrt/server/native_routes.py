@@ -1,0 +1,114 @@
+"""SGLang's native API: POST /generate, GET /get_model_info, GET /get_server_info, GET|POST /flush_cache,
+POST /abort_request.
+
+/generate takes the Engine's arguments (radixrt.server.native_protocol.GenerateBody) through the runtime's
+one request path (``TokenizerManager.prepare``, off the event loop) and answers the Engine's dict per request:
+one dict for one prompt with n=1, else a list. A stream (one prompt, n=1) sends the whole dict so far at every
+wake-up, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+import radixrt
+from radixrt.scheduler.validation import RequestError
+from radixrt.server.client_wait import gather, wait_any
+from radixrt.server.http_common import (
+    SSE_DONE,
+    AbortOnCloseStream,
+    decode_request,
+    failure_event,
+    json_response,
+    route,
+    sse,
+)
+from radixrt.server.native_protocol import AbortBody, GenerateBody
+from radixrt.server.tokenizer_manager import ReqState, TokenizerManager
+
+
+def add_native_routes(app: FastAPI, tm: TokenizerManager) -> None:
+    route(app, "/generate", ["POST"], generate, tm)
+    route(app, "/get_model_info", ["GET"], get_model_info, tm)
+    route(app, "/get_server_info", ["GET"], get_server_info, tm)
+    route(app, "/flush_cache", ["GET", "POST"], flush_cache, tm)
+    route(app, "/abort_request", ["POST"], abort_request, tm)
+
+
+async def generate(tm: TokenizerManager, request: Request) -> Response:
+    body = decode_request(await request.body(), GenerateBody)
+    prepared = await tm.off_loop(tm.prepare, body.text, body.sampling_dicts(), body.input_ids, body.return_logprob,
+                                 body.logprob_start_len, body.top_logprobs_num)
+    rids = None if body.rid is None else ([body.rid] if isinstance(body.rid, str) else body.rid)
+    if body.stream and (prepared.batched or prepared.num_sequences != 1):
+        raise RequestError("stream=True takes one prompt with n=1")
+    states = tm.submit_all(prepared, rids)
+    with_text = body.return_text_in_logprobs and body.return_logprob
+    await gather(request, tm, states, body.stream)
+    if body.stream:
+        return AbortOnCloseStream(_stream(tm, states[0], with_text), lambda: tm.abort_unfinished(states))
+    results = [_result(tm, s, with_text) for s in states]
+    return json_response(results if prepared.batched or len(results) > 1 else results[0])
+
+
+def _result(tm: TokenizerManager, state: ReqState, with_text: bool) -> dict[str, Any]:
+    """The Engine's dict; ``with_text``: every logprob entry carries its token's text."""
+    out = state.builder.to_dict()
+    if with_text:
+        meta = out["meta_info"] = dict(out["meta_info"])
+        for key in ("input_token_logprobs", "output_token_logprobs"):
+            if key in meta:
+                meta[key] = [[lp, t, tm.token_text(t)] for lp, t, _ in meta[key]]
+        for key in ("input_top_logprobs", "output_top_logprobs"):
+            if key in meta:
+                meta[key] = [[[lp, t, tm.token_text(t)] for lp, t, _ in row] for row in meta[key]]
+    return out
+
+
+async def _stream(tm: TokenizerManager, state: ReqState, with_text: bool) -> AsyncIterator[bytes]:
+    while True:
+        failure = failure_event([state])
+        if failure is not None:
+            yield failure
+            break
+        yield sse(_result(tm, state, with_text))
+        if state.finished:
+            break
+        await wait_any(None, [state])
+    yield SSE_DONE
+
+
+async def get_model_info(tm: TokenizerManager, request: Request) -> Response:
+    return json_response(tm.model_info)
+
+
+async def get_server_info(tm: TokenizerManager, request: Request) -> Response:
+    out = await tm.stats()
+    return json_response({
+        "server_args": tm.args.public_dict(),
+        "model_info": tm.model_info,
+        "stats": tm.stats_dict(out),
+        "requests_in_flight": len(tm.states),
+        "pids": {"server": os.getpid(), "scheduler": tm.ready.pid, "detokenizer": tm.detokenizer_ready.pid},
+        "ipc_dir": tm.paths.folder,
+        "version": radixrt.__version__,
+    })
+
+
+async def flush_cache(tm: TokenizerManager, request: Request) -> Response:
+    if await tm.flush_cache():
+        return Response("Cache flushed.\n", media_type="text/plain")
+    raise RequestError("cache not flushed: requests are in flight; retry when the server is idle")
+
+
+async def abort_request(tm: TokenizerManager, request: Request) -> Response:
+    body = decode_request(await request.body(), AbortBody)
+    if body.abort_all:
+        return json_response({"success": True, "aborted": tm.abort_all()})
+    if body.rid is None:
+        raise RequestError("pass rid or abort_all")
+    return json_response({"success": True, "aborted": int(tm.abort(body.rid))})

@@ -1,0 +1,184 @@
+"""OpenAI response bodies from the runtime's per-request state: choices, logprobs, usage and stream chunks.
+
+One call's answer is one ``OpenAIAnswer``. Its ``choice`` builds a choice for both forms: the whole choice
+of a JSON answer, or, given a ``StreamCursor``, the delta of a stream since the previous chunk (None when
+nothing is new). Choice ``i`` is request ``i`` (prompt ``i // n``, sample ``i % n``). Usage counts prompt
+(and cached) tokens once per prompt, as SGLang does, and completion tokens of every sample. Nothing here
+waits or does I/O: the routes (radixrt.server.openai_routes) drive it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from radixrt.server.tokenizer_manager import ReqState
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def finish_reason(meta: dict[str, Any]) -> tuple[str | None, Any]:
+    """(OpenAI's finish_reason, the matched stop) of a request's meta info; (None, None) while it runs."""
+    reason = meta.get("finish_reason")
+    if not reason:
+        return None, None
+    return reason.get("type"), reason.get("matched")
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def usage_of(states: list[ReqState], n: int) -> dict[str, Any]:
+    """Prompt (and cached) tokens once per prompt, as SGLang counts them; completion tokens of every sample."""
+    metas = [s.builder.meta for s in states]
+    firsts = metas[::n]
+    return usage(sum(m.get("prompt_tokens", 0) for m in firsts),
+                 sum(m.get("completion_tokens", 0) for m in metas),
+                 sum(m.get("cached_tokens", 0) for m in firsts))
+
+
+# ----- logprobs ---------------------------------------------------------------------------------------
+
+
+def chat_logprobs(entries, top_entries, token_text: Callable[[int], str]) -> dict[str, Any]:
+    content = []
+    for k, (logprob, token_id, _) in enumerate(entries):
+        text = token_text(token_id)
+        item = {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+        if top_entries is not None and k < len(top_entries):
+            for lp, tid, _ in top_entries[k]:
+                t = token_text(tid)
+                item["top_logprobs"].append({"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))})
+        content.append(item)
+    return {"content": content}
+
+
+def completion_logprobs(entries, top_entries, token_text: Callable[[int], str], offset: int) -> dict[str, Any]:
+    """``offset``: where the first token's text starts in the choice's text."""
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for k, (logprob, token_id, _) in enumerate(entries):
+        text = token_text(token_id)
+        tokens.append(text)
+        token_logprobs.append(logprob)
+        offsets.append(offset)
+        offset += len(text)
+        if top_entries is not None:
+            row = top_entries[k] if k < len(top_entries) else []
+            tops.append({token_text(tid): lp for lp, tid, _ in row})
+    return {"tokens": tokens, "token_logprobs": token_logprobs,
+            "top_logprobs": tops if top_entries is not None else None, "text_offset": offsets}
+
+
+# ----- one call's answer ------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamCursor:
+    """How much of one request a stream has sent: text characters, logprob entries, and whether it ended."""
+
+    text: int = 0
+    logprobs: int = 0
+    done: bool = False
+
+
+@dataclass
+class OpenAIAnswer:
+    """The answer to one /v1/chat/completions (``chat``) or /v1/completions call over its requests."""
+
+    chat: bool
+    model: str
+    n: int  # samples per prompt
+    want_logprobs: bool
+    token_text: Callable[[int], str]
+    echo: list[str] | None = None  # completions: the prompt text of each choice, sent before its output
+    include_usage: bool = False  # streams: every chunk has "usage", and a last chunk carries it
+    id: str = field(init=False)
+    created: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = new_id("chatcmpl" if self.chat else "cmpl")
+        self.created = now()
+
+    def body(self, states: list[ReqState]) -> dict[str, Any]:
+        """The JSON answer once every request finished."""
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model,
+                "choices": [self.choice(i, s) for i, s in enumerate(states)], "usage": usage_of(states, self.n)}
+
+    def choice(self, index: int, state: ReqState, cursor: StreamCursor | None = None) -> dict[str, Any] | None:
+        """Choice ``index`` whole (no cursor), or what a stream has not sent yet (None: nothing new, or the
+        choice ended). A stream's choice has a delta instead of a message and ``matched_stop`` only with its
+        finish reason; the cursor moves past what it returns."""
+        stream = cursor is not None
+        if stream and cursor.done:
+            return None
+        start = cursor or StreamCursor()
+        meta = state.builder.meta
+        text = state.builder.text[start.text:]
+        n_logprobs = len(meta.get("output_token_logprobs", []))
+        reason, matched = finish_reason(meta)
+        if stream and not text and n_logprobs == start.logprobs and reason is None:
+            return None
+        out: dict[str, Any] = {"index": index}
+        if self.chat and stream:
+            out["delta"] = {"content": text} if text else {}
+        elif self.chat:
+            out["message"] = {"role": "assistant", "content": text}
+        else:
+            out["text"] = text if stream or not self.echo else self.echo[index] + text
+        out["logprobs"] = self._logprobs(meta, start.logprobs, n_logprobs, start.text)
+        out["finish_reason"] = reason
+        if not stream or reason is not None:
+            out["matched_stop"] = matched
+        if stream:
+            cursor.text += len(text)
+            cursor.logprobs = n_logprobs
+            cursor.done = reason is not None
+        return out
+
+    def _logprobs(self, meta: dict[str, Any], start: int, end: int, text_offset: int) -> dict[str, Any] | None:
+        if not self.want_logprobs:
+            return None
+        entries = meta.get("output_token_logprobs", [])[start:end]
+        tops = meta.get("output_top_logprobs")
+        tops = tops[start:end] if tops is not None else None
+        if self.chat:
+            return chat_logprobs(entries, tops, self.token_text)
+        return completion_logprobs(entries, tops, self.token_text, text_offset)
+
+    # ----- streams ------------------------------------------------------------------------------------
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        data = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices}
+        if self.include_usage:
+            data["usage"] = None
+        return data
+
+    def opening_chunk(self, count: int) -> dict[str, Any] | None:
+        """A stream's first chunk, before any output: the assistant role (chat) or the echoed prompts."""
+        if self.chat:
+            return self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None} for i in range(count)])
+        if self.echo and any(self.echo):
+            return self.chunk([{"index": i, "text": self.echo[i], "logprobs": None, "finish_reason": None}
+                               for i in range(count)])
+        return None
+
+    def usage_chunk(self, states: list[ReqState]) -> dict[str, Any]:
+        """The last chunk of a stream that asked for usage."""
+        return {**self.chunk([]), "usage": usage_of(states, self.n)}

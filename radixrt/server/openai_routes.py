@@ -1,0 +1,148 @@
+"""The OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions, POST /v1/completions.
+
+A call is decoded (radixrt.server.openai_protocol), checked without the tokenizer, then tokenized (the chat
+template, or each text prompt) off the event loop and handed to the runtime's one request path,
+``TokenizerManager.prepare`` (radixrt.requests.prepare: sampling params, the server's limits, every
+sequence validated), exactly as /generate is. ``n`` samples of each prompt become ``n`` requests; choice
+``i`` is request ``i``. Answers and stream chunks are built by radixrt.server.openai_responses.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from radixrt.requests import Prepared
+from radixrt.scheduler.validation import RequestError
+from radixrt.server import openai_protocol as oai
+from radixrt.server.client_wait import gather, wait_any
+from radixrt.server.http_common import (
+    SSE_DONE,
+    AbortOnCloseStream,
+    ModelNotFound,
+    decode_request,
+    failure_event,
+    json_response,
+    route,
+    sse,
+)
+from radixrt.server.openai_responses import OpenAIAnswer, StreamCursor, now
+from radixrt.server.tokenizer_manager import ReqState, TokenizerManager
+from radixrt.tokenizer import apply_chat_template
+
+
+def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
+    route(app, "/v1/models", ["GET"], models, tm)
+    route(app, "/v1/chat/completions", ["POST"], chat_completions, tm)
+    route(app, "/v1/completions", ["POST"], completions, tm)
+
+
+def served_model(tm: TokenizerManager, name: str | None) -> str:
+    """The name answers carry; a request may name the model by any of the names the server knows it by."""
+    if name is not None and name not in tm.served_names():
+        raise ModelNotFound(f"The model `{name}` does not exist; this server serves "
+                            f"`{tm.model_info['served_model_name']}`")
+    return tm.model_info["served_model_name"]
+
+
+async def models(tm: TokenizerManager, request: Request) -> Response:
+    info = tm.model_info
+    return json_response({"object": "list", "data": [{
+        "id": info["served_model_name"], "object": "model", "created": now(), "owned_by": "radixrt",
+        "root": info["model_path"], "max_model_len": info["context_length"]}]})
+
+
+async def chat_completions(tm: TokenizerManager, request: Request) -> Response:
+    req = decode_request(await request.body(), oai.ChatCompletionRequest)
+    model = served_model(tm, req.model)
+    messages = oai.check_chat(req, tm.args.max_messages, tm.args.max_tools, tm.client_limits)
+    prepared = await tm.off_loop(_prepare_chat, tm, req, messages)
+    states = tm.submit_all(prepared)
+    answer = OpenAIAnswer(chat=True, model=model, n=req.n, want_logprobs=req.logprobs, token_text=tm.token_text,
+                          include_usage=_include_usage(req))
+    return await _respond(request, tm, states, answer, req.stream)
+
+
+async def completions(tm: TokenizerManager, request: Request) -> Response:
+    req = decode_request(await request.body(), oai.CompletionRequest)
+    model = served_model(tm, req.model)
+    prompts = oai.check_completion(req)
+    prepared = await tm.off_loop(_prepare_completion, tm, req, prompts)
+    states = tm.submit_all(prepared)
+    echo = [await tm.off_loop(tm.tokenizer.decode, one) if req.echo else "" for one in prepared.ids
+            for _ in range(req.n)]
+    answer = OpenAIAnswer(chat=False, model=model, n=req.n, want_logprobs=req.logprobs is not None,
+                          token_text=tm.token_text, echo=echo, include_usage=_include_usage(req))
+    return await _respond(request, tm, states, answer, req.stream)
+
+
+def _include_usage(req: oai.ChatCompletionRequest | oai.CompletionRequest) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+# ----- to the request path (run off the event loop) ---------------------------------------------------
+
+
+def _prepare_chat(tm: TokenizerManager, req: oai.ChatCompletionRequest, messages: list[dict[str, str]]
+                  ) -> Prepared:
+    try:
+        ids = apply_chat_template(tm.tokenizer, messages)
+    except Exception as exc:  # template errors (e.g. roles out of order) are the client's
+        raise RequestError(f"cannot apply the chat template: {exc}") from None
+    max_new = oai.chat_max_new_tokens(req)
+    if max_new is None:
+        max_new = tm.max_new_tokens_default(len(ids))
+    top = (req.top_logprobs or 0) if req.logprobs else 0
+    return tm.prepare(None, [oai.sampling_dict(req, max_new)], [ids], return_logprob=bool(req.logprobs),
+                      top_logprobs_num=top)
+
+
+def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompts: list[str | list[int]]
+                        ) -> Prepared:
+    ids = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            tm.client_limits.check_text(prompt)
+            prompt = tm.encode(prompt)
+        ids.append(prompt)
+    max_new = oai.completion_max_new_tokens(req)
+    sampling = [oai.sampling_dict(req, tm.max_new_tokens_default(len(one)) if max_new is None else max_new)
+                for one in ids]
+    return tm.prepare(None, sampling, ids, return_logprob=req.logprobs is not None,
+                      top_logprobs_num=req.logprobs or 0)
+
+
+# ----- answers ----------------------------------------------------------------------------------------
+
+
+async def _respond(request: Request, tm: TokenizerManager, states: list[ReqState], answer: OpenAIAnswer,
+                   stream: bool) -> Response:
+    await gather(request, tm, states, stream)
+    if not stream:
+        return json_response(answer.body(states))
+    return AbortOnCloseStream(_events(answer, states), lambda: tm.abort_unfinished(states))
+
+
+async def _events(answer: OpenAIAnswer, states: list[ReqState]) -> AsyncIterator[bytes]:
+    """A stream's events: the opening chunk, one chunk per wake-up with what is new, then usage and [DONE]."""
+    cursors = [StreamCursor() for _ in states]
+    opening = answer.opening_chunk(len(states))
+    if opening is not None:
+        yield sse(opening)
+    while True:
+        failure = failure_event(states)
+        if failure is not None:
+            yield failure
+            yield SSE_DONE
+            return
+        choices = [c for i, s in enumerate(states) if (c := answer.choice(i, s, cursors[i])) is not None]
+        if choices:
+            yield sse(answer.chunk(choices))
+        if all(c.done for c in cursors):
+            break
+        await wait_any(None, states)
+    if answer.include_usage:
+        yield sse(answer.usage_chunk(states))
+    yield SSE_DONE

@@ -1,0 +1,49 @@
+"""Operations routes: GET /health, GET /metrics (Prometheus text), GET /openapi.json.
+
+/health answers 503 while a helper process is down (``health()`` says why). /metrics answers even when the
+scheduler does not (its part is then left out). /openapi.json is built once, on first request, from the
+model's and the server's limits (radixrt.server.openapi).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+import radixrt
+from radixrt.server.http_common import encode_json, error_response, json_response, route
+from radixrt.server.metrics import render
+from radixrt.server.openapi import ApiLimits, build_openapi
+from radixrt.server.tokenizer_manager import ServerDown, TokenizerManager
+
+
+def add_ops_routes(app: FastAPI, tm: TokenizerManager, health: Callable[[], str | None]) -> None:
+    """``health()`` returns None when all processes are alive, else why not."""
+    route(app, "/health", ["GET"], health_check, health)
+    route(app, "/openapi.json", ["GET"], openapi, tm, [])
+    route(app, "/metrics", ["GET"], metrics, tm)
+
+
+async def health_check(health: Callable[[], str | None], request: Request) -> Response:
+    problem = health()
+    if problem is not None:
+        return error_response(f"unhealthy: {problem}", 503)
+    return json_response({"status": "ok"})
+
+
+async def openapi(tm: TokenizerManager, built: list[bytes], request: Request) -> Response:
+    """``built``: this app's document once encoded (empty before the first request)."""
+    if not built:
+        limits = ApiLimits.of_server(tm.context_length, tm.vocab_size, getattr(tm, "client_limits", None))
+        built.append(encode_json(build_openapi(limits, radixrt.__version__)))
+    return Response(built[0], media_type="application/json")
+
+
+async def metrics(tm: TokenizerManager, request: Request) -> Response:
+    try:
+        stats = await tm.stats(timeout=5.0)
+    except ServerDown:
+        stats = None
+    return Response(render(tm.metrics, stats, len(tm.states)), media_type="text/plain; version=0.0.4")

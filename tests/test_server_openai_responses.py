@@ -1,0 +1,81 @@
+"""The OpenAI answer builder without a server: a stream's deltas add up to the whole choice, logprob offsets
+follow the streamed text, usage counts each prompt once, and the metrics histogram is the scheduler's too."""
+
+from __future__ import annotations
+
+import asyncio
+
+from radixrt.messages import ReqDelta, StrDelta
+from radixrt.response import ResponseBuilder
+from radixrt.server.metrics import STEP_BUCKETS, Histogram
+from radixrt.server.openai_responses import OpenAIAnswer, StreamCursor
+from radixrt.server.tokenizer_manager import ReqState
+
+TOKEN_TEXT = {5: "ab", 6: "c", 7: "de"}
+
+
+def state(rid: str = "r", logprobs: bool = True) -> ReqState:
+    return ReqState(rid, ResponseBuilder(rid, logprobs, 1 if logprobs else 0), asyncio.Event(), 0)
+
+
+def add(s: ReqState, token: int, finish: dict | None = None, prompt_tokens: int = 3) -> None:
+    delta = ReqDelta(rid=s.rid, new_ids=[token], finish_reason=finish, prompt_tokens=prompt_tokens,
+                     cached_tokens=1, completion_tokens=len(s.builder.output_ids) + 1,
+                     output_logprobs=[(-0.5, token)], output_top_logprobs=[[(-0.25, token)]])
+    s.builder.add(StrDelta(rid=s.rid, text=TOKEN_TEXT[token], delta=delta))
+
+
+def answer(chat: bool, n: int = 1, echo: list[str] | None = None) -> OpenAIAnswer:
+    return OpenAIAnswer(chat=chat, model="m", n=n, want_logprobs=True, token_text=TOKEN_TEXT.__getitem__,
+                        echo=echo)
+
+
+def test_stream_deltas_add_up_to_the_whole_completion_choice():
+    whole, streamed = state(), state()
+    cursor, deltas = StreamCursor(), []
+    ans = answer(chat=False)
+    for token, finish in [(5, None), (6, None), (7, {"type": "stop", "matched": "x"})]:
+        add(whole, token, finish)
+        add(streamed, token, finish)
+        deltas.append(ans.choice(0, streamed, cursor))
+    assert ans.choice(0, streamed, cursor) is None  # nothing new
+    choice = ans.choice(0, whole)
+    assert choice["text"] == "".join(d["text"] for d in deltas) == "abcde"
+    assert choice["logprobs"]["text_offset"] == [0, 2, 3]
+    assert [d["logprobs"]["text_offset"] for d in deltas] == [[0], [2], [3]]
+    assert choice["finish_reason"] == "stop" and choice["matched_stop"] == "x"
+    assert "matched_stop" not in deltas[0] and deltas[-1]["matched_stop"] == "x" and cursor.done
+
+
+def test_chat_choices_and_stream_chunks():
+    s = state()
+    ans = answer(chat=True)
+    ans.include_usage = True
+    assert ans.opening_chunk(1)["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                "logprobs": None, "finish_reason": None}]
+    add(s, 5, {"type": "length", "matched": None})
+    delta = ans.choice(0, s, StreamCursor())
+    assert delta["delta"] == {"content": "ab"} and delta["logprobs"]["content"][0]["token"] == "ab"
+    assert ans.choice(0, s)["message"] == {"role": "assistant", "content": "ab"}
+    assert list(ans.chunk([delta])) == ["id", "object", "created", "model", "choices", "usage"]
+    assert ans.usage_chunk([s])["usage"]["total_tokens"] == 4
+
+
+def test_echo_and_usage_count_each_prompt_once():
+    states = [state(f"r{i}", logprobs=False) for i in range(4)]  # two prompts, n=2
+    for i, s in enumerate(states):
+        add(s, 6, {"type": "length", "matched": None}, prompt_tokens=10 + i // 2)
+    ans = answer(chat=False, n=2, echo=["P0", "P0", "P1", "P1"])
+    ans.want_logprobs = False
+    body = ans.body(states)
+    assert [c["text"] for c in body["choices"]] == ["P0c", "P0c", "P1c", "P1c"]
+    assert body["usage"] == {"prompt_tokens": 21, "completion_tokens": 4, "total_tokens": 25,
+                             "prompt_tokens_details": {"cached_tokens": 2}}
+    assert ans.opening_chunk(4)["choices"][2] == {"index": 2, "text": "P1", "logprobs": None, "finish_reason": None}
+
+
+def test_step_latency_histogram():
+    h = Histogram(STEP_BUCKETS)
+    for seconds in (0.0005, 0.003, 0.003, 20.0):
+        h.observe(seconds)
+    assert h.cumulative()[:3] == [1, 1, 3] and h.cumulative()[-1] == 3 and h.count == 4
