@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import msgspec
 
 from radixrt.messages import FinishReason, StrDelta
 
@@ -56,9 +55,7 @@ class ResponseBuilder:
             if self.top_logprobs_num:
                 self.meta["output_top_logprobs"].extend(_entries(t) for t in (d.output_top_logprobs or []))
         if d.finish_reason is not None:
-            # A no-op for a decoded delta; a delta built by hand may hold SGLang's dict (msgspec checks no types
-            # on construction).
-            self.finish_reason = msgspec.convert(d.finish_reason, FinishReason)
+            self.finish_reason = d.finish_reason
             self.meta["finish_reason"] = self.finish_reason.to_dict()
             self.meta["e2e_latency"] = time.perf_counter() - self.started
         return out.text

@@ -3,9 +3,10 @@
 
 import asyncio
 
+import msgspec
 import pytest
 
-from radixrt.messages import ReqDelta, StrDelta
+from radixrt.messages import FinishReason, ReqDelta, StrDelta
 from radixrt.response import ResponseBuilder
 from radixrt.scheduler.validation import RequestError
 from radixrt.server.client_wait import raise_for_failures
@@ -14,7 +15,8 @@ from radixrt.server.tokenizer_manager import ReqState, RequestFailed
 
 def finished_state(reason: dict) -> ReqState:
     state = ReqState("r1", ResponseBuilder("r1"), asyncio.Event(), 0)
-    state.builder.add(StrDelta(rid="r1", text="", delta=ReqDelta(rid="r1", new_ids=[], finish_reason=reason)))
+    finish = msgspec.convert(reason, FinishReason)  # SGLang's wire dict, as the scheduler's typed reason
+    state.builder.add(StrDelta(rid="r1", text="", delta=ReqDelta(rid="r1", new_ids=[], finish_reason=finish)))
     return state
 
 

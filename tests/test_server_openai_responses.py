@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from radixrt.messages import ReqDelta, StrDelta
+import msgspec
+
+from radixrt.messages import FinishReason, ReqDelta, StrDelta
 from radixrt.response import ResponseBuilder
 from radixrt.server.metrics import STEP_BUCKETS, Histogram
 from radixrt.server.openai_responses import OpenAIAnswer, StreamCursor
@@ -19,7 +21,8 @@ def state(rid: str = "r", logprobs: bool = True) -> ReqState:
 
 
 def add(s: ReqState, token: int, finish: dict | None = None, prompt_tokens: int = 3) -> None:
-    delta = ReqDelta(rid=s.rid, new_ids=[token], finish_reason=finish, prompt_tokens=prompt_tokens,
+    reason = None if finish is None else msgspec.convert(finish, FinishReason)
+    delta = ReqDelta(rid=s.rid, new_ids=[token], finish_reason=reason, prompt_tokens=prompt_tokens,
                      cached_tokens=1, completion_tokens=len(s.builder.output_ids) + 1,
                      output_logprobs=[(-0.5, token)], output_top_logprobs=[[(-0.25, token)]])
     s.builder.add(StrDelta(rid=s.rid, text=TOKEN_TEXT[token], delta=delta))
