@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-
 from radixrt.messages import FinishReason, StrDelta
 
 
