@@ -231,7 +231,7 @@ def test_scheduler_steps_on_the_runner_device(llama_model):
         got = _serve(llama_model, device)
     assert set(got) == set(want) == {"greedy", "seeded", "penalised"}
     for rid, entry in want.items():
-        assert entry["finish"]["type"] == "length" and len(entry["ids"]) == 6
+        assert entry["finish"].type == "length" and len(entry["ids"]) == 6
         assert got[rid]["ids"] == entry["ids"] and got[rid]["finish"] == entry["finish"]
         for key in ("logprobs", "prompt_logprobs"):  # (logprob, token id) pairs
             ours, ref = got[rid][key] or [], entry[key] or []

@@ -164,12 +164,18 @@ def test_extend_half_precision(dtype, head_dim):
 
 def test_backend_dispatch():
     from radixrt.memory.page_pool import KVLayout, PagePool
-    from radixrt.model.attention import PagedAttention
+    from radixrt.model.attention import create_attention_backend
+    from radixrt.model.torch_attention import TorchAttention
+    from radixrt.model.triton_attention import TritonAttention
 
     pool = PagePool(KVLayout(num_layers=1, kv_heads=1, head_dim=16, page_size=4, dtype=torch.float32), 4, "cpu")
-    assert PagedAttention(pool, "auto").ops is torch_ref  # CPU tensors take the torch path
-    assert PagedAttention(pool, "triton").ops is triton_ops
-    assert PagedAttention(pool, "torch").ops is torch_ref
+    assert type(create_attention_backend(pool, "auto")) is TorchAttention  # CPU tensors take the torch path
+    assert type(create_attention_backend(pool, "triton")) is TritonAttention
+    assert type(create_attention_backend(pool, "torch")) is TorchAttention
+    assert create_attention_backend(pool, "torch").store_kv is torch_ref.store_kv
+    assert create_attention_backend(pool, "triton").store_kv is triton_ops.store_kv
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        create_attention_backend(pool, "flash")
 
 
 def test_triton_ops_imports_without_triton(monkeypatch):
@@ -196,7 +202,7 @@ def test_model_logits_triton_equal_torch(tmp_path, family, page_size):
     results = []
     for backend in ("torch", "triton"):
         runner = ModelRunner(tmp_path, dtype="float32", page_size=page_size, num_pages=32, attention_backend=backend)
-        assert runner.attention.ops is (triton_ops if backend == "triton" else torch_ref)
+        assert runner.attention.backend == backend
         pool = runner.pool
         pages = [pool.alloc(-(-(len(p) + 2) // page_size)) for p in prompts]
         # A prefill of the first part (ragged extend), the rest as an extend over the cached prefix,

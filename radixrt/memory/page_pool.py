@@ -69,6 +69,10 @@ class PagePool:
     def num_used(self) -> int:
         return self.num_pages - len(self._free)
 
+    def free_page_ids(self) -> list[int]:
+        """A copy of the free list, in the order pages leave it last to first (for invariant checks)."""
+        return list(self._free)
+
     def alloc(self, n: int) -> list[int]:
         """Take ``n`` free pages, each with a reference count of one."""
         if n > len(self._free):

@@ -1,14 +1,10 @@
 """Radix-tree prefix cache: token-id prefixes -> the physical KV pages that hold them.
 
-Shape
------
-Every edge of the tree holds a key of token ids whose length is a whole number of pages
-(``len(key) % page_size == 0``, never empty) and the page ids that hold those tokens' KV, one per
-``page_size`` tokens. A node's children are keyed by the tuple of their first page's tokens (by the
-first token when ``page_size == 1``), so one dict lookup finds the child that shares a whole first
-page. With ``page_size > 1`` each node also keeps its children's first pages in a sorted list: the
-child whose first page shares the most tokens with a partial page (see *partial-page reuse*) sits
-next to that page's bisection point, so it is found in O(log children) without a scan.
+The tree's shape (whole-page edges, children keyed by their first page) is in
+:mod:`radixrt.memory.radix_node`, the counters in :mod:`radixrt.memory.radix_stats`, the invariant check
+(``check()``) in :mod:`radixrt.memory.radix_check`. This module holds the operations: match, insert,
+split, lock/unlock, LRU eviction, partial-page reuse, reset. ``TreeNode``, ``MatchResult``,
+``InsertResult`` and ``CacheStats`` import from here too.
 
 Ownership rule (the one SGLang uses; every insert and free site here follows it)
 ------------------------------------------------------------------------------------
@@ -49,14 +45,6 @@ matched slots of that tree page into a fresh page that becomes the request's pri
 (copy-on-write), so the request computes from ``num_tokens + partial_tokens`` instead of
 recomputing up to ``page_size - 1`` tokens. On by default; ``partial_page_reuse=False`` turns it off.
 
-Stats
------
-``match_prefix`` counts hit (page-aligned matched) and miss (``len(tokens) - hit``) tokens unless
-called with ``record=False`` (use that for look-ahead matches, e.g. by a scheduling policy, so a
-request is counted once, at admission; or match with ``record=False`` and call ``record(hit, total)``
-once the request is actually admitted). ``reuse_partial`` counts the tokens it saved; ``evict``
-counts freed pages. ``reset`` (a flush) is not counted as eviction.
-
 ``disabled=True`` (``--disable-radix-cache``): matches are empty, inserts keep nothing (the caller
 keeps and frees all of its pages), so every request computes its prompt from scratch.
 
@@ -86,87 +74,30 @@ Typical use by the scheduler (a request's page table is always: tree pages, then
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from itertools import compress, count
 from operator import ne
 
 from radixrt.memory.page_pool import PagePool
+from radixrt.memory.radix_check import check_cache
+from radixrt.memory.radix_node import (
+    InsertResult,
+    MatchResult,
+    TreeNode,
+    add_child,
+    best_partial_child,
+    remove_child,
+    split_edge,
+)
+from radixrt.memory.radix_stats import CacheStats
 from radixrt.token_ids import common_prefix_len
 
-
-class TreeNode:
-    """One edge of the tree (and the node below it). ``key``/``pages`` are empty only at the root."""
-
-    __slots__ = ("key", "pages", "parent", "children", "firsts", "lock_ref", "last_access", "alive", "uid")
-
-    def __init__(self, key: tuple, pages: list[int], parent: TreeNode | None, last_access: int, uid: int) -> None:
-        self.key = key
-        self.pages = pages
-        self.parent = parent
-        self.children: dict = {}
-        # page_size > 1 only: the children's first pages (their keys in `children`), sorted, so the child
-        # sharing the longest prefix with a partial page is a neighbour of its bisection point.
-        self.firsts: list[tuple] = []
-        self.lock_ref = 0
-        self.last_access = last_access
-        self.alive = True
-        self.uid = uid
-
-    def __repr__(self) -> str:
-        head = list(self.key[:8])
-        return (
-            f"TreeNode(uid={self.uid}, tokens={len(self.key)}{head}{'...' if len(self.key) > 8 else ''}, "
-            f"pages={self.pages[:4]}{'...' if len(self.pages) > 4 else ''}, lock_ref={self.lock_ref}, "
-            f"last_access={self.last_access})"
-        )
-
-
-@dataclass
-class MatchResult:
-    pages: list[int]  # tree pages of the page-aligned matched prefix
-    num_tokens: int  # len(pages) * page_size
-    node: TreeNode  # deepest node covering the match (root when nothing matched); lock it to protect `pages`
-    partial_page: int | None = None  # tree page holding the next `partial_tokens` matching tokens, else None
-    partial_tokens: int = 0  # 0..page_size-1
-    partial_node: TreeNode | None = None  # the node whose first page is `partial_page` (child of `node`)
-
-
-@dataclass
-class InsertResult:
-    node: TreeNode  # deepest node of the inserted sequence (lock it if the request keeps running)
-    tree_pages: list[int]  # the tree's pages for the whole inserted sequence: repoint the page table to these
-    duplicates: list[int]  # caller pages the tree already had under the same tokens: the caller decrefs them
-
-
-@dataclass
-class CacheStats:
-    hit_tokens: int = 0
-    miss_tokens: int = 0
-    evicted_pages: int = 0
-    partial_tokens_reused: int = 0
-    inserted_pages: int = 0  # pages whose reference passed from a request to the tree
-    duplicate_pages: int = 0  # caller pages reported as duplicates by insert
-
-    @property
-    def hit_rate(self) -> float:
-        total = self.hit_tokens + self.miss_tokens
-        return self.hit_tokens / total if total else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "hit_tokens": self.hit_tokens,
-            "miss_tokens": self.miss_tokens,
-            "hit_rate": self.hit_rate,
-            "evicted_pages": self.evicted_pages,
-            "partial_tokens_reused": self.partial_tokens_reused,
-            "inserted_pages": self.inserted_pages,
-            "duplicate_pages": self.duplicate_pages,
-        }
+__all__ = ["CacheStats", "InsertResult", "MatchResult", "RadixCache", "TreeNode"]
 
 
 class RadixCache:
+    """The prefix cache over one ``PagePool``; the module docstring holds its rules."""
+
     def __init__(self, pool: PagePool, *, disabled: bool = False, partial_page_reuse: bool = True) -> None:
         self.pool = pool
         self.page_size = pool.page_size
@@ -205,9 +136,6 @@ class RadixCache:
         return self._num_nodes
 
     # ----------------------------------------------------------------------------------- helpers
-    def _child_key(self, key: tuple, pos: int = 0):
-        return key[pos] if self.page_size == 1 else key[pos : pos + self.page_size]
-
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
@@ -230,35 +158,10 @@ class RadixCache:
         heapq.heapify(heap)
         self._heap = heap
 
-    def _add_child(self, parent: TreeNode, child: TreeNode) -> None:
-        parent.children[self._child_key(child.key)] = child
-        if self.page_size > 1:
-            insort(parent.firsts, child.key[: self.page_size])
-
-    def _remove_child(self, parent: TreeNode, child: TreeNode) -> None:
-        del parent.children[self._child_key(child.key)]
-        if self.page_size > 1:
-            firsts = parent.firsts
-            del firsts[bisect_left(firsts, child.key[: self.page_size])]
-
     def _split(self, node: TreeNode, at: int) -> TreeNode:
-        """Split ``node``'s edge after ``at`` tokens (0 < at < len, page-aligned); return the new upper node.
-
-        The existing node keeps its identity as the lower half, so locks held on it stay valid; the
-        upper node copies its lock count (every lock on the node also locks its ancestors) and access time.
-        """
-        page_size = self.page_size
-        parent = node.parent
-        upper = TreeNode(node.key[:at], node.pages[: at // page_size], parent, node.last_access, next(self._uids))
-        upper.lock_ref = node.lock_ref
-        first = self._child_key(node.key)
-        parent.children[first] = upper
-        node.key = node.key[at:]
-        node.pages = node.pages[at // page_size :]
-        node.parent = upper
-        self._add_child(upper, node)
+        """Split ``node``'s edge after ``at`` tokens (see :func:`split_edge`); return the new upper node."""
         self._num_nodes += 1
-        return upper
+        return split_edge(node, at, self.page_size, next(self._uids))
 
     # ----------------------------------------------------------------------------------- match
     def match_prefix(self, tokens: Sequence[int], *, record: bool = True) -> MatchResult:
@@ -299,7 +202,7 @@ class RadixCache:
                 partial_node, partial_tokens = child, matched - aligned
             break
         if partial_node is None and self.partial_page_reuse and pos < n:
-            partial_node, partial_tokens = self._best_partial(node, key, pos)
+            partial_node, partial_tokens = best_partial_child(node, key, pos, page_size)
         self._push_if_evictable(node)
         if record:
             self.stats.hit_tokens += pos
@@ -317,27 +220,6 @@ class RadixCache:
         """Count a prefix lookup in the stats yourself (for callers that match with ``record=False``)."""
         self.stats.hit_tokens += hit_tokens
         self.stats.miss_tokens += total_tokens - hit_tokens
-
-    def _best_partial(self, node: TreeNode, key: tuple, pos: int) -> tuple[TreeNode | None, int]:
-        """The child of ``node`` whose first page shares the most (< page_size) leading tokens with key[pos:]."""
-        firsts = node.firsts
-        want = key[pos : pos + self.page_size]
-        i = bisect_left(firsts, want)
-        best, best_len = None, 0
-        # In sorted order the longest common prefix with `want` is found next to its insertion point.
-        for first_page in firsts[max(i - 1, 0) : i + 1]:
-            matched = 0
-            for a, b in zip(first_page, want):
-                if a != b:
-                    break
-                matched += 1
-            if matched > best_len:
-                best, best_len = first_page, matched
-        if best is None:
-            return None, 0
-        # A whole matching first page would have been found by the exact lookup.
-        assert best_len < self.page_size
-        return node.children[best], best_len
 
     def reuse_partial(self, match: MatchResult) -> tuple[int, int] | None:
         """Copy-on-write the matched slots of ``match.partial_page`` into a fresh private page.
@@ -389,7 +271,7 @@ class RadixCache:
             if child is None:
                 new_pages = pages[pos // page_size :]
                 child = TreeNode(key[pos:], new_pages, node, now, next(self._uids))
-                self._add_child(node, child)
+                add_child(node, child, page_size)
                 self._num_nodes += 1
                 self._evictable += len(new_pages)
                 self.stats.inserted_pages += len(new_pages)
@@ -463,7 +345,7 @@ class RadixCache:
             if len(node.pages) <= need:
                 heapq.heappop(heap)
                 parent = node.parent
-                self._remove_child(parent, node)
+                remove_child(parent, node, page_size)
                 node.alive = False
                 self._num_nodes -= 1
                 drop = node.pages
@@ -526,81 +408,4 @@ class RadixCache:
         ``request_private_pages``: every page that running requests own (allocated, not in the tree).
         With the default ``()`` no request may hold a private page (the idle state).
         """
-        pool = self.pool
-        page_size = self.page_size
-        refs = pool.ref_counts
-        root = self.root
-        assert root.alive and root.lock_ref == 1 and not root.key and not root.pages, "the root was modified"
-        tree_pages: list[int] = []
-        evictable = protected = nodes = 0
-        evictable_leaves: set[int] = set()
-        stack = [root]
-        while stack:
-            parent = stack.pop()
-            child_locks = 0
-            for ck, node in parent.children.items():
-                nodes += 1
-                where = f"node {node!r}"
-                assert node.alive, f"{where}: dead node still linked in the tree"
-                assert node.parent is parent, f"{where}: wrong parent link"
-                assert node.key and len(node.key) % page_size == 0, f"{where}: key not whole pages"
-                assert len(node.key) == len(node.pages) * page_size, f"{where}: key/pages length mismatch"
-                assert ck == self._child_key(node.key), f"{where}: stored under the wrong child key {ck!r}"
-                assert node.lock_ref >= 0, f"{where}: negative lock_ref"
-                assert node.last_access <= parent.last_access or parent is root, (
-                    f"{where}: child used more recently than its parent {parent!r}"
-                )
-                child_locks += node.lock_ref
-                if node.lock_ref:
-                    protected += len(node.pages)
-                else:
-                    evictable += len(node.pages)
-                    if not node.children:
-                        evictable_leaves.add(node.uid)
-                tree_pages.extend(node.pages)
-                stack.append(node)
-            if page_size > 1:
-                assert parent.firsts == sorted(parent.children), (
-                    f"node {parent!r}: sorted first-page index out of step with its children"
-                )
-            if parent is not root:
-                assert child_locks <= parent.lock_ref, (
-                    f"node {parent!r}: lock_ref {parent.lock_ref} below its children's total {child_locks}"
-                )
-        assert nodes == self._num_nodes, f"node count {self._num_nodes} != {nodes} nodes in the tree"
-        assert evictable == self._evictable, f"evictable counter {self._evictable} != {evictable} unlocked tree pages"
-        assert protected == self._protected, f"protected counter {self._protected} != {protected} locked tree pages"
-        in_heap = {
-            node.uid
-            for stamp, _, node in self._heap
-            if node.alive and not node.children and not node.lock_ref and node.last_access == stamp
-        }
-        missing = evictable_leaves - in_heap
-        assert not missing, f"{len(missing)} evictable leaves missing from the LRU heap (would never be evicted)"
-
-        tree_set = set(tree_pages)
-        assert len(tree_set) == len(tree_pages), "a page is held by two tree positions"
-        private = list(request_private_pages)
-        private_set = set(private)
-        assert len(private_set) == len(private), "a private page is listed twice (two requests own it?)"
-        both = tree_set & private_set
-        assert not both, f"pages both in the tree and private to a request: {sorted(both)[:10]}"
-        free = pool._free
-        free_set = set(free)
-        assert len(free_set) == len(free), "a page is on the free list twice (double free)"
-        owned = tree_set | private_set
-        assert not (free_set & owned), f"free pages still in use: {sorted(free_set & owned)[:10]}"
-        bad_tree = [p for p in tree_pages if refs[p] != 1]
-        assert not bad_tree, f"tree pages with refcount != 1: {[(p, int(refs[p])) for p in bad_tree[:10]]}"
-        bad_private = [p for p in private if refs[p] != 1]
-        assert not bad_private, f"private pages with refcount != 1: {[(p, int(refs[p])) for p in bad_private[:10]]}"
-        bad_free = [p for p in free if refs[p] != 0]
-        assert not bad_free, f"free pages with refcount != 0: {bad_free[:10]}"
-        total = pool.num_pages
-        accounted = len(free) + evictable + protected + len(private)
-        if accounted != total:
-            leaked = sorted(set(range(total)) - free_set - owned)
-            raise AssertionError(
-                f"free {len(free)} + evictable {evictable} + protected {protected} + private {len(private)} "
-                f"= {accounted} != {total} pages; leaked (allocated, owned by nobody): {leaked[:10]}"
-            )
+        check_cache(self, request_private_pages)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixrt.model.attention import PagedAttention
+from radixrt.model.attention import AttentionBackend
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.layers import RMSNorm, RotaryEmbedding, silu_and_mul
 from radixrt.model.cpu_linear import pack_weight, packed_linear
@@ -67,7 +67,9 @@ class Attention(nn.Module):
         self.sm_scale = d**-0.5
         self.sliding_window = sliding_window_of(config, layer)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch, attn: PagedAttention) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend
+    ) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split(
             [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], -1
@@ -106,7 +108,7 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch,
-        attn: PagedAttention,
+        attn: AttentionBackend,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it): the caller's next norm adds the two, so
         each residual add is fused into the norm that follows it."""
@@ -153,7 +155,7 @@ class LlamaForCausalLM(nn.Module):
         self.packed_head = pack_weight(self._head_weight())
         return packed + (self.packed_head is not None)
 
-    def forward(self, batch: ForwardBatch, attn: PagedAttention) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Logits (fp32) at ``batch.logits_indices``."""
         x, residual = self.embed_tokens(batch.input_ids), None
         for layer in self.layers:

@@ -11,7 +11,7 @@ import torch
 from radixrt.kernels import cpu_kernels
 from radixrt.memory.page_pool import KVLayout, PagePool
 from radixrt.model.cpu_malloc import keep_freed_memory
-from radixrt.model.attention import PagedAttention
+from radixrt.model.attention import AttentionBackend, create_attention_backend
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM, head_dim_of
 
@@ -107,7 +107,7 @@ class ModelRunner:
             self.pool = PagePool(layout, num_pages, self.device)
         else:
             self.pool = PagePool.from_memory_budget(layout, kv_memory_gb, self.device)
-        self.attention = PagedAttention(self.pool, attention_backend)
+        self.attention: AttentionBackend = create_attention_backend(self.pool, attention_backend)
         self.load_seconds = time.perf_counter() - started
 
     @property

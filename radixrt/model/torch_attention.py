@@ -1,0 +1,107 @@
+"""The torch attention backend: the CPU path, torch with the C++ CPU kernels and the cascade attention.
+
+A decode batch runs the cascade decode (:mod:`radixrt.kernels.torch_cascade`: a prefix shared by a group of
+requests is read once), or with a sliding window the C++ paged decode (:mod:`radixrt.kernels.cpu_kernels`)
+when it is usable, else :mod:`radixrt.kernels.torch_ref`. An extend batch runs the cascade extend, or
+``torch_ref`` with a sliding window. A mixed batch with at least ``MIN_DECODE_ROWS_TO_SPLIT`` one-token
+requests runs those as a decode and the rest as an extend. What the page table implies is the same for every
+layer, so plans are derived once per forward and kept in ``batch.attn_cache``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixrt.kernels import cpu_kernels, torch_cascade, torch_ref
+from radixrt.model.attention import AttentionBackend
+from radixrt.model.forward_batch import ForwardBatch
+
+
+class TorchAttention(AttentionBackend):
+    backend = "torch"
+    store_kv = staticmethod(torch_ref.store_kv)
+
+    @staticmethod
+    def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, sm_scale: float,
+               sliding_window: int) -> torch.Tensor:
+        """Requests of a mixed batch that decode one token take the batched decode path (and its cascade):
+        attending one query per request through the extend loop costs a whole gather and call each."""
+        if batch.is_decode:
+            return _decode(q, k_cache, v_cache, batch.page_table, batch.seq_lens, batch.attn_cache,
+                           ("decode", sliding_window), sm_scale, sliding_window)
+        split = batch.attn_cache.get("mixed")
+        if split is None:
+            split = batch.attn_cache["mixed"] = MixedSplit.of(batch)
+        if split.decode_reqs.numel() < MIN_DECODE_ROWS_TO_SPLIT:
+            return _extend(q, k_cache, v_cache, batch.page_table, batch.prefix_lens, batch.extend_lens,
+                           batch.attn_cache, ("extend", sliding_window), sm_scale, sliding_window)
+        out = torch.empty_like(q)
+        out[split.decode_tokens] = _decode(
+            q[split.decode_tokens], k_cache, v_cache, batch.page_table[split.decode_reqs],
+            batch.seq_lens[split.decode_reqs], batch.attn_cache, ("mixed-decode", sliding_window), sm_scale,
+            sliding_window,
+        )
+        out[split.extend_tokens] = _extend(
+            q[split.extend_tokens], k_cache, v_cache, batch.page_table[split.extend_reqs],
+            batch.prefix_lens[split.extend_reqs], batch.extend_lens[split.extend_reqs], batch.attn_cache,
+            ("mixed-extend", sliding_window), sm_scale, sliding_window,
+        )
+        return out
+
+
+MIN_DECODE_ROWS_TO_SPLIT = 2
+
+
+@dataclass
+class MixedSplit:
+    """A mixed batch's one-token requests (``decode_*``) and the rest (``extend_*``): request and token rows."""
+
+    decode_reqs: torch.Tensor
+    decode_tokens: torch.Tensor
+    extend_reqs: torch.Tensor
+    extend_tokens: torch.Tensor
+
+    @classmethod
+    def of(cls, batch: ForwardBatch) -> "MixedSplit":
+        lens = batch.extend_lens.long().cpu()
+        starts = torch.cumsum(lens, 0) - lens
+        one = lens == 1
+        decode_reqs, extend_reqs = torch.nonzero(one).flatten(), torch.nonzero(~one).flatten()
+        token_is_decode = torch.repeat_interleave(one, lens)
+        device = batch.extend_lens.device
+        return cls(
+            decode_reqs=decode_reqs.to(device),
+            decode_tokens=starts[decode_reqs].to(device),
+            extend_reqs=extend_reqs.to(device),
+            extend_tokens=torch.nonzero(~token_is_decode).flatten().to(device),
+        )
+
+
+def _decode(q, k_cache, v_cache, page_table, seq_lens, cache: dict, key, sm_scale: float,
+            sliding_window: int) -> torch.Tensor:
+    # what the page table implies is the same for every layer: derive it once per forward
+    plan = cache.get(key)
+    page_size = k_cache.shape[1]
+    if sliding_window == 0:
+        if plan is None:
+            plan = cache[key] = torch_cascade.plan_decode(page_table, seq_lens, page_size)
+        return torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, sm_scale)
+    if cpu_kernels.usable_for(q, k_cache):
+        return cpu_kernels.paged_decode(q, k_cache, v_cache, page_table, seq_lens, sm_scale, sliding_window)[0]
+    if plan is None:
+        plan = cache[key] = torch_ref.decode_metadata(page_table, seq_lens, sliding_window, page_size)
+    return torch_ref.decode_attention(q, k_cache, v_cache, page_table, seq_lens, sm_scale, sliding_window, meta=plan)
+
+
+def _extend(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, cache: dict, key, sm_scale: float,
+            sliding_window: int) -> torch.Tensor:
+    if sliding_window > 0:
+        return torch_ref.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, sm_scale,
+                                          sliding_window, cache)
+    plan = cache.get(key)
+    if plan is None:
+        plan = cache[key] = torch_cascade.plan_extend(page_table, prefix_lens, extend_lens, k_cache.shape[1])
+    return torch_cascade.cascade_extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, plan,
+                                                  sm_scale, cache)
