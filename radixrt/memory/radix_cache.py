@@ -381,14 +381,6 @@ class RadixCache:
         self._new_root()
 
     # ----------------------------------------------------------------------------------- debugging
-    def nodes(self) -> Iterable[TreeNode]:
-        """Every node but the root, parents before children."""
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
-
     def snapshot(self) -> dict[tuple[int, ...], int]:
         """{token prefix ending at a page boundary: the page holding its last page}. For tests; O(tokens * depth)."""
         out: dict[tuple[int, ...], int] = {}
