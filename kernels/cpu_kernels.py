@@ -155,24 +155,33 @@ def paged_decode(
 
     ``page_table`` ``[B, W]`` and ``seq_lens`` ``[B]`` (each >= 1) are int32; q and the caches share a dtype.
     """
-    out, lse = _module().paged_decode(q, k_cache, v_cache, page_table, seq_lens, float(sm_scale), int(sliding_window))
+    out, lse = _call("radixrt::paged_decode", _module().paged_decode, q, k_cache, v_cache, page_table, seq_lens,
+                     float(sm_scale), int(sliding_window))
     return out, lse
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of ``x`` ``[T, H]``; with ``residual``, first ``residual += x`` in place and normalize that."""
-    return _module().rms_norm(x, residual, weight, float(eps))
+    return _call("radixrt::rms_norm", _module().rms_norm, x, residual, weight, float(eps))
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up`` ``[T, 2I]`` holding gate then up."""
-    return _module().silu_and_mul(gate_up)
+    return _call("radixrt::silu_and_mul", _module().silu_and_mul, gate_up)
 
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
                      sin_cache: torch.Tensor) -> None:
     """Neox-style (rotate-half) RoPE of ``q`` ``[T, H, D]`` and ``k`` ``[T, KH, D]`` in place."""
-    _module().rotary_embedding(positions, q, k, cos_cache, sin_cache)
+    _call("radixrt::rotary_embedding", _module().rotary_embedding, positions, q, k, cos_cache, sin_cache)
+
+
+def _call(name: str, kernel, *args):
+    """Run a kernel; under torch.profiler, as a named range (pybind functions are not operators it records)."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(name):
+            return kernel(*args)
+    return kernel(*args)
 
 
 def _module() -> ModuleType:

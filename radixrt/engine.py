@@ -25,6 +25,7 @@ from radixrt.messages import AbortReq, BatchTokenOut, StrDelta
 from radixrt.response import ResponseBuilder
 from radixrt.requests import Prepared, expand, prepare
 from radixrt.server_args import ServerArgs
+from radixrt.step_profiler import StepProfiler
 
 logger = logging.getLogger("radixrt.engine")
 
@@ -77,6 +78,7 @@ class Engine:
         self.chat_template = self.loaded.chat_template
         self.scheduler = Scheduler(self.args, self.runner, self.tokenizer, self.eos_ids, self._on_tokens, self.grammars)
         self.detokenizer = Detokenizer(self.tokenizer)
+        self._profiler = StepProfiler()
         self._waiters: dict[str, _Waiter] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -288,6 +290,14 @@ class Engine:
         if call.error is not None:
             raise call.error
         return call.result
+
+    def start_profile(self) -> None:
+        """Start torch.profiler on the scheduler thread (see radixrt.step_profiler)."""
+        self._call(self._profiler.start)
+
+    def stop_profile(self, trace_dir: str | None = None) -> dict[str, dict[str, float]]:
+        """Stop it: each operator's self CPU seconds and calls; a Chrome trace in ``trace_dir`` if given."""
+        return self._call(lambda: self._profiler.stop(trace_dir))
 
     def get_model_info(self) -> dict[str, Any]:
         return self.loaded.model_info()

@@ -111,12 +111,26 @@ def test_peer_run_result_has_the_fields(tmp_path, capsys):
     model = str(resolve_model_path(DEFAULT_MODEL))
     path = tmp_path / "workload.json"
     path.write_text(json.dumps(v.build_workloads(v.tokenizer_encoder(model), num_prompts=2, output_len=3)))
-    assert peer_run.main(["radixrt", model, str(path), "c", "cache", "float32"]) == 0
-    result = v.parse_result(capsys.readouterr().out)
+    assert peer_run.main(["radixrt", model, str(path), "c", "cache", "float32", "--profile"]) == 0
+    out = capsys.readouterr().out
+    result = v.parse_result(out)
     assert set(result) == {"engine", "workload", "prefix_caching", "dtype", "init_s", "total_s", "out_tok_s",
                            "total_tok_s", "cached_prompt_tokens"}
     assert result["engine"] == "radixrt" and result["workload"] == "c" and result["prefix_caching"] is True
     assert result["out_tok_s"] > 0 and result["cached_prompt_tokens"] >= 300  # later turns reuse the system prompt
+    # the profile sees the scheduler thread's operators, by class
+    profile = json.loads(next(line for line in out.splitlines() if line.startswith("PROFILE_JSON")).split(" ", 1)[1])
+    assert profile["self_cpu_s"]["gemm"] > 0 and profile["self_cpu_s"]["attention"] > 0
+    assert profile["wall_s"] > 0 and len(profile["top"]) == 10
+
+
+def test_operators_are_classed_by_name():
+    assert peer_run.op_class("aten::linear") == peer_run.op_class("_C::onednn_mm") == "gemm"
+    assert peer_run.op_class("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert peer_run.op_class("radixrt::paged_decode") == "attention"
+    assert peer_run.op_class("aten::multinomial") == "sampling"
+    assert peer_run.op_class("Torch-Compiled Region: 0/1") == "compiled region"
+    assert peer_run.op_class("aten::add_") == "other"
 
 
 @pytest.mark.model

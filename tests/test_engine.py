@@ -235,3 +235,16 @@ def test_decodes_wait_for_prefill_unless_mixed_chunk(default_model_path, mixed):
         assert [len(o["output_ids"]) for o in out] == [6] * 4
         both = [lens for lens in steps if 1 in lens and max(lens) > 1]
         assert bool(both) == mixed, steps
+
+
+def test_profile_sees_the_scheduler_threads_operators(engine, tmp_path):
+    with pytest.raises(RuntimeError, match="no profile is running"):
+        engine.stop_profile()
+    engine.start_profile()
+    with pytest.raises(RuntimeError, match="already running"):
+        engine.start_profile()
+    engine.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0})
+    ops = engine.stop_profile(trace_dir=str(tmp_path))
+    assert sum(op["self_cpu_s"] for name, op in ops.items() if "linear" in name) > 0  # forwards ran on that thread
+    assert list(tmp_path.glob("*.trace.json"))
+    assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2  # serving goes on

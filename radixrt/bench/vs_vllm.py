@@ -156,6 +156,12 @@ def ratio_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
+def format_profile(profile: dict) -> str:
+    """``wall 48.8 s; self CPU s: gemm 30.1, attention 4.2, ...`` from peer_run's PROFILE_JSON."""
+    classes = sorted(profile["self_cpu_s"].items(), key=lambda kv: -kv[1])
+    return f"wall {profile['wall_s']:.1f} s; self CPU s: " + ", ".join(f"{k} {v:.1f}" for k, v in classes)
+
+
 def format_ratio_table(rows: list[dict], peer_label: str = "vLLM") -> str:
     def cell(value) -> str:
         return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
@@ -184,6 +190,8 @@ def add_vllm_parser(sub) -> None:
     p.add_argument("--output-len", type=int, default=OUTPUT_LEN)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one engine run may take")
     p.add_argument("--json", default=None, help="write the machine, every run and the rows to this file")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile each run by operator class (torch.profiler; slows both engines)")
     p.add_argument("--peer-engine", choices=["vllm", "radixrt"], default="vllm",
                    help="self-check: radixrt in the peer slot too (by file path, no vLLM needed)")
     p.set_defaults(run=run_vs_vllm)
@@ -198,6 +206,9 @@ def _run_engine(cmd: list[str], env: dict[str, str], timeout: float) -> dict | N
         parts = [p.decode(errors="replace") if isinstance(p, bytes) else p for p in (exc.stdout, exc.stderr) if p]
         output, failed = "".join(parts) + f"\ntimed out after {timeout:.0f}s", True
     result = None if failed else parse_result(output)
+    profile = [line for line in output.splitlines() if line.startswith("PROFILE_JSON")]
+    if result is not None and profile:
+        result["profile"] = json.loads(profile[-1].split(" ", 1)[1])
     if result is None:
         print("\n".join(output.splitlines()[-30:]), file=sys.stderr)
     return result
@@ -231,13 +242,16 @@ def run_vs_vllm(args) -> int:
                     label = "radixrt" if slot == "radixrt" else peer_label
                     print(f"[round {round_index}] {label} {name} {'cache' if cache else 'nocache'} {dtype}",
                           file=sys.stderr, flush=True)
-                    result = _run_engine([*cmd, model, workload_path, name, "cache" if cache else "nocache", dtype],
-                                         env, args.timeout)
+                    extra = ["--profile"] if args.profile else []
+                    result = _run_engine([*cmd, model, workload_path, name, "cache" if cache else "nocache", dtype,
+                                          *extra], env, args.timeout)
                     if result is None:
                         print(f"{label} failed on workload {name}", file=sys.stderr)
                         return _report(machine, results, peer_label, args.json, 1)
                     results.append({**result, "slot": slot, "round": round_index})
                     print("RESULT_JSON", json.dumps(results[-1]), flush=True)
+                    if "profile" in result:
+                        print(f"profile {label} {name}: {format_profile(result['profile'])}", flush=True)
     return _report(machine, results, peer_label, args.json, 0)
 
 
