@@ -9,16 +9,16 @@ from radixrt.kernels import cpu_kernels, torch_cascade, torch_ref
 pytestmark = pytest.mark.usefixtures("cpu_kernel_module")
 
 
-def paged_case(batch, max_len, page_size, heads, kv_heads, dtype, seed=0):
+def paged_case(batch, max_len, page_size, heads, kv_heads, dtype, seed=0, head_dim=16):
     gen = torch.Generator().manual_seed(seed)
     width = -(-max_len // page_size)
     num_pages = batch * width + 1
-    k_cache = torch.randn(num_pages, page_size, kv_heads, 16, generator=gen).to(dtype)
-    v_cache = torch.randn(num_pages, page_size, kv_heads, 16, generator=gen).to(dtype)
+    k_cache = torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen).to(dtype)
     table = (torch.randperm(num_pages - 1, generator=gen)[: batch * width] + 1).view(batch, width).int()
     lens = torch.randint(1, max_len + 1, (batch,), generator=gen).int()
     lens[0] = max_len
-    q = torch.randn(batch, heads, 16, generator=gen).to(dtype)
+    q = torch.randn(batch, heads, head_dim, generator=gen).to(dtype)
     return q, k_cache, v_cache, table, lens
 
 
@@ -47,9 +47,21 @@ def test_matches_torch_reference_fp32(page_size, heads, kv_heads, window):
     torch.testing.assert_close(lse, reference_lse(q, k, v, table, lens, 0.25, window), atol=1e-5, rtol=1e-5)
 
 
+# 64 and 128 run with the rows in registers, 16 with a run-time width, 20 and 36 with a scalar tail
+@pytest.mark.parametrize("head_dim", [20, 36, 64, 128])
+@pytest.mark.parametrize("window", [0, 9])
+def test_every_head_dim_matches_torch_reference_fp32(head_dim, window):
+    q, k, v, table, lens = paged_case(5, 50, 16, 6, 2, torch.float32, seed=head_dim, head_dim=head_dim)
+    out, lse = cpu_kernels.paged_decode(q, k, v, table, lens, head_dim**-0.5, window)
+    ref = torch_ref.decode_attention(q, k, v, table, lens, head_dim**-0.5, window)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, reference_lse(q, k, v, table, lens, head_dim**-0.5, window), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_caches(dtype):
-    q, k, v, table, lens = paged_case(5, 40, 16, 6, 2, dtype, seed=3)
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_half_precision_caches(dtype, head_dim):
+    q, k, v, table, lens = paged_case(5, 40, 16, 6, 2, dtype, seed=3, head_dim=head_dim)
     out, _ = cpu_kernels.paged_decode(q, k, v, table, lens, 0.25)
     ref = torch_ref.decode_attention(q.float(), k.float(), v.float(), table, lens, 0.25)
     assert out.dtype == dtype

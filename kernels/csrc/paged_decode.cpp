@@ -1,41 +1,54 @@
 // Paged decode attention for the CPU, reading K/V pages where they lie in the pool.
 //
 // One work item per (request, kv head): its `group` query heads walk the request's pages a page at a time
-// with an online softmax (fp32), so every key and value is read once per step and nothing is copied.
+// with an online softmax (fp32), so every key and value is read once per step and nothing is copied. The
+// arithmetic is at::vec fp32 (keys and values converted as they load); a head_dim of 8 or 16 vectors keeps the
+// query and accumulator rows in registers, any other runs the same code with a run-time width and a scalar tail.
 // Layout as in torch_ref.py: caches are [num_pages, page_size, kv_heads, head_dim].
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
-template <typename T>
-inline float dot(const float* q, const T* k, int64_t n) {
-  float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += q[i] * static_cast<float>(k[i]);
-  return acc;
-}
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kLanes = Vec::size();
 
 template <typename T>
-inline void axpy(float a, const T* v, float* out, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] += a * static_cast<float>(v[i]);
+inline Vec load_float(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return Vec::loadu(p);
+  } else if constexpr (at::is_reduced_floating_point_v<T>) {
+    Vec out;
+    at::vec::load_to_float(p, out);
+    return out;
+  } else {  // double
+    float tmp[kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) tmp[i] = static_cast<float>(p[i]);
+    return Vec::loadu(tmp);
+  }
 }
 
-template <typename T>
+inline float hsum(Vec v) { return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v); }
+
+// kChunks = head_dim / lanes when known at compile time (registers), 0 = read it at run time.
+template <typename T, int kChunks>
 void decode_kernel(const T* q, const T* k_cache, const T* v_cache, const int32_t* table, const int32_t* lens,
                    T* out, float* lse, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
                    int64_t page_size, int64_t table_width, float scale, int64_t window) {
   const int64_t group = heads / kv_heads;
+  const int64_t chunks = kChunks > 0 ? kChunks : head_dim / kLanes;
   const int64_t token_stride = kv_heads * head_dim;
   const int64_t page_stride = page_size * token_stride;
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * head_dim), acc(group * head_dim), scores(group * page_size);
+    std::vector<float> qf(group * head_dim), acc(group * head_dim), scores(page_size + kLanes);
     std::vector<float> m(group), l(group);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / kv_heads, kh = item % kv_heads;
@@ -54,22 +67,54 @@ void decode_kernel(const T* q, const T* k_cache, const T* v_cache, const int32_t
         const T* k_page = k_cache + page * page_stride + kh * head_dim;
         const T* v_page = v_cache + page * page_stride + kh * head_dim;
         for (int64_t g = 0; g < group; ++g) {
-          float* s = scores.data() + g * page_size;
+          const float* qg = qf.data() + g * head_dim;
+          float* s = scores.data();
           float top = m[g];
           for (int64_t t = lo; t < hi; ++t) {
-            s[t] = dot(qf.data() + g * head_dim, k_page + t * token_stride, head_dim);
-            top = std::max(top, s[t]);
+            const T* k = k_page + t * token_stride;
+            Vec a0(0.f), a1(0.f);
+            int64_t c = 0;
+            for (; c + 1 < chunks; c += 2) {
+              a0 = at::vec::fmadd(Vec::loadu(qg + c * kLanes), load_float(k + c * kLanes), a0);
+              a1 = at::vec::fmadd(Vec::loadu(qg + (c + 1) * kLanes), load_float(k + (c + 1) * kLanes), a1);
+            }
+            if (c < chunks) a0 = at::vec::fmadd(Vec::loadu(qg + c * kLanes), load_float(k + c * kLanes), a0);
+            float dot = hsum(a0 + a1);
+            for (int64_t d = chunks * kLanes; d < head_dim; ++d) dot += qg[d] * static_cast<float>(k[d]);
+            s[t] = dot;
+            top = std::max(top, dot);
           }
           const float rescale = std::exp(m[g] - top);  // 0 on the first page (m = -inf)
-          float* a = acc.data() + g * head_dim;
-          if (rescale != 1.f) {
-            for (int64_t d = 0; d < head_dim; ++d) a[d] *= rescale;
+          const Vec vtop(top);
+          int64_t t = lo;
+          Vec vsum(0.f);
+          for (; t + kLanes <= hi; t += kLanes) {
+            const Vec p = (Vec::loadu(s + t) - vtop).exp();
+            p.store(s + t);
+            vsum = vsum + p;
           }
-          float sum = l[g] * rescale;
-          for (int64_t t = lo; t < hi; ++t) {
-            const float p = std::exp(s[t] - top);
-            sum += p;
-            axpy(p, v_page + t * token_stride, a, head_dim);
+          float sum = l[g] * rescale + hsum(vsum);
+          for (; t < hi; ++t) {
+            s[t] = std::exp(s[t] - top);
+            sum += s[t];
+          }
+          float* a = acc.data() + g * head_dim;
+          const Vec vrescale(rescale);
+          for (int64_t c = 0; c < chunks; ++c) {
+            Vec r0 = Vec::loadu(a + c * kLanes) * vrescale;
+            Vec r1(0.f);
+            int64_t u = lo;
+            for (; u + 1 < hi; u += 2) {
+              r0 = at::vec::fmadd(Vec(s[u]), load_float(v_page + u * token_stride + c * kLanes), r0);
+              r1 = at::vec::fmadd(Vec(s[u + 1]), load_float(v_page + (u + 1) * token_stride + c * kLanes), r1);
+            }
+            if (u < hi) r0 = at::vec::fmadd(Vec(s[u]), load_float(v_page + u * token_stride + c * kLanes), r0);
+            (r0 + r1).store(a + c * kLanes);
+          }
+          for (int64_t d = chunks * kLanes; d < head_dim; ++d) {
+            float x = a[d] * rescale;
+            for (int64_t u = lo; u < hi; ++u) x += s[u] * static_cast<float>(v_page[u * token_stride + d]);
+            a[d] = x;
           }
           m[g] = top;
           l[g] = sum;
@@ -115,10 +160,15 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, 
   auto out = torch::empty_like(q);
   auto lse = torch::empty({batch, heads}, q.options().dtype(torch::kFloat32));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
-    decode_kernel<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-                            page_table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(),
-                            lse.data_ptr<float>(), batch, heads, kv_heads, head_dim, page_size, page_table.size(1),
-                            static_cast<float>(scale), window);
+    auto run = [&](auto kernel) {
+      kernel(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+             page_table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(),
+             lse.data_ptr<float>(), batch, heads, kv_heads, head_dim, page_size, page_table.size(1),
+             static_cast<float>(scale), window);
+    };
+    if (head_dim == 8 * kLanes) run(decode_kernel<scalar_t, 8>);
+    else if (head_dim == 16 * kLanes) run(decode_kernel<scalar_t, 16>);
+    else run(decode_kernel<scalar_t, 0>);
   });
   return {out, lse};
 }
