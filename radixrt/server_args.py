@@ -21,7 +21,7 @@ class ServerArgs:
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA and where the CPU has AMX/AVX512-BF16, else fp32), bfloat16, float32, float16"})
     device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
     page_size: int = field(default=16, metadata={"help": "tokens per KV page"})
-    kv_memory_gb: float = field(default=1.0, metadata={"help": "memory budget of the KV pool in GB"})
+    kv_memory_gb: float | None = field(default=None, metadata={"help": "memory budget of the KV pool in GB (default: 40%% of the memory available at start-up on a CPU, taken only as the cache fills; 85%% of the free memory on a GPU)"})
     max_total_pages: int | None = field(default=None, metadata={"help": "fix the pool size in pages (overrides --kv-memory-gb)"})
     context_length: int | None = field(default=None, metadata={"help": "maximum prompt + output tokens (default: the model's)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch or triton"})

@@ -57,3 +57,32 @@ def test_slots_and_copy_page_prefix():
     pool.copy_page_prefix(pages[0], pages[1], 3)
     assert torch.equal(pool.k_caches[0][pages[1], :3], pool.k_caches[0][pages[0], :3])
     assert torch.equal(pool.k_caches[0][pages[1], 3], torch.zeros(1, 2))
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_default_budget_is_a_share_of_available_memory(monkeypatch):
+    from radixrt.memory import page_pool
+
+    monkeypatch.setattr(page_pool, "available_memory_bytes", lambda: 10 * 1024**3)
+    layout = KVLayout(num_layers=2, kv_heads=1, head_dim=2, page_size=4, dtype=torch.float32)
+    pool = PagePool.from_memory_budget(layout, None)
+    assert pool.num_pages == int(10 * 1024**3 * page_pool.CPU_SHARE_OF_AVAILABLE) // layout.bytes_per_page
+    assert PagePool.from_memory_budget(layout, 0.001).num_pages == int(0.001 * 1024**3) // layout.bytes_per_page
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="reads Linux's /proc")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_pool_is_zero_and_takes_memory_only_where_written(dtype):
+    layout = KVLayout(num_layers=4, kv_heads=2, head_dim=64, page_size=16, dtype=dtype)
+    before = _resident_bytes()
+    pool = PagePool.from_memory_budget(layout, 2.0)  # 2 GB of address space
+    assert _resident_bytes() - before < 64 << 20
+    for cache in (pool.k_caches[0], pool.v_caches[-1]):
+        assert cache.dtype == dtype and cache.shape == (pool.num_pages, 16, 2, 64)
+        assert not cache[:: max(1, pool.num_pages // 50)].any()
+    pool.k_caches[1][3].fill_(1.0)
+    assert pool.k_caches[1][3].all() and not pool.k_caches[1][2].any() and not pool.v_caches[1][3].any()

@@ -3,14 +3,27 @@
 Every layer has a K and a V tensor of shape ``[num_pages, page_size, kv_heads, head_dim]``. A page is the
 unit of allocation and sharing: it is handed out with a reference count of one, shared by
 ``incref``, and returns to the free list when ``decref`` brings its count to zero.
+
+On the CPU the tensors live in one anonymous memory map: the kernel hands its pages out zeroed and only when
+first written, so a pool sized to a share of the machine's memory (:func:`default_budget_bytes`) costs
+nothing at start-up and only as much resident memory as the cache has ever held.
 """
 
 from __future__ import annotations
 
+import logging
+import mmap
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
+
+CPU_SHARE_OF_AVAILABLE = 0.4  # of the memory available at start-up, for the default CPU pool
+CUDA_SHARE_OF_FREE = 0.85  # of the device memory still free once the weights are loaded
 
 
 class OutOfPagesError(RuntimeError):
@@ -44,20 +57,30 @@ class PagePool:
         self.page_size = layout.page_size
         self.num_pages = num_pages
         shape = (num_pages, layout.page_size, layout.kv_heads, layout.head_dim)
-        self.k_caches = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
-        self.v_caches = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
+        if torch.device(device).type == "cpu":
+            caches = list(_zeroed_on_first_touch((2 * layout.num_layers, *shape), layout.dtype))
+        else:
+            caches = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(2 * layout.num_layers)]
+        self.k_caches, self.v_caches = caches[: layout.num_layers], caches[layout.num_layers :]
         self.ref_counts = np.zeros(num_pages, dtype=np.int32)
         # Popping from the end hands out low page ids first, which keeps small runs easy to read.
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
 
     @classmethod
     def from_memory_budget(
-        cls, layout: KVLayout, memory_gb: float, device: str | torch.device = "cpu"
+        cls, layout: KVLayout, memory_gb: float | None, device: str | torch.device = "cpu"
     ) -> "PagePool":
-        num_pages = layout.pages_for_budget(memory_gb * 1024**3)
+        """A pool of ``memory_gb`` GB, or with None the default share of the device's memory."""
+        if memory_gb is None:
+            budget = default_budget_bytes(torch.device(device))
+            logger.info("KV pool: %.1f GB by default (--kv-memory-gb sets it)", budget / 1024**3)
+        else:
+            budget = memory_gb * 1024**3
+        num_pages = layout.pages_for_budget(budget)
         if num_pages < 1:
             raise ValueError(
-                f"a KV budget of {memory_gb} GB holds no page of {layout.bytes_per_page} bytes; raise --kv-memory-gb"
+                f"a KV budget of {budget / 1024**3:.3g} GB holds no page of {layout.bytes_per_page} bytes; raise "
+                "--kv-memory-gb"
             )
         return cls(layout, num_pages, device)
 
@@ -117,3 +140,32 @@ class PagePool:
         positions = torch.arange(num_tokens)
         page_ids = torch.tensor(pages, dtype=torch.long)[positions // self.page_size]
         return page_ids * self.page_size + positions % self.page_size
+
+
+def default_budget_bytes(device: torch.device) -> int:
+    """The KV budget when none is given: a share of the memory available at start-up on the CPU (the pool
+    only takes what it uses, see the module doc), of the memory still free on a GPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * CUDA_SHARE_OF_FREE)
+    return int(available_memory_bytes() * CPU_SHARE_OF_AVAILABLE)
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else the physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _zeroed_on_first_touch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor in a fresh anonymous map: zero, and backed by memory only where it is written."""
+    nbytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    region = mmap.mmap(-1, max(nbytes, 1))
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # fewer TLB misses when attention reads pages all over the pool
+        region.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(region, dtype=dtype, count=int(np.prod(shape))).view(shape)

@@ -75,7 +75,7 @@ class ModelRunner:
         dtype: str | torch.dtype = "float32",
         page_size: int = 16,
         num_pages: int | None = None,
-        kv_memory_gb: float = 1.0,
+        kv_memory_gb: float | None = None,
         attention_backend: str = "auto",
         context_length: int | None = None,
         device: str = "cpu",
