@@ -35,17 +35,19 @@ def norm_of(dtype, hidden=96):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_rms_norm_matches_torch(dtype, torch_path):
-    norm = norm_of(dtype)
-    x = (torch.randn(13, 96) * 3).to(dtype)
+@pytest.mark.parametrize("hidden", [96, 37])  # 37: a scalar tail after whole vectors
+def test_rms_norm_matches_torch(dtype, hidden, torch_path):
+    norm = norm_of(dtype, hidden)
+    x = (torch.randn(13, hidden) * 3).to(dtype)
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(norm(x), torch_path(norm, x), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_add_rms_norm_updates_the_residual_in_place(dtype, torch_path):
-    norm = norm_of(dtype)
-    x, residual = torch.randn(7, 96).to(dtype), torch.randn(7, 96).to(dtype)
+@pytest.mark.parametrize("hidden", [96, 37])
+def test_add_rms_norm_updates_the_residual_in_place(dtype, hidden, torch_path):
+    norm = norm_of(dtype, hidden)
+    x, residual = torch.randn(7, hidden).to(dtype), torch.randn(7, hidden).to(dtype)
     expected_out, expected_sum = torch_path(norm.add_forward, x, residual.clone())
     fused_residual = residual.clone()
     out, returned = norm.add_forward(x, fused_residual)

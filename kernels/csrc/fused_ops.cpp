@@ -9,6 +9,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -23,9 +24,48 @@ inline float round_to(float x) {
 // rows of `hidden` elements per parallel task: enough work to pay for waking a thread
 inline int64_t grain_for(int64_t hidden) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(hidden, 1)); }
 
+// fp32 needs no intermediate rounding, so the row is read, summed and scaled a vector at a time.
+void rms_norm_fp32(const float* x, float* residual, const float* weight, float* out, int64_t rows, int64_t hidden,
+                   int64_t x_stride, int64_t out_stride, float eps) {
+  const int64_t whole = hidden - hidden % Vec::size();
+  at::parallel_for(0, rows, grain_for(hidden), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * x_stride;
+      float* res = residual == nullptr ? nullptr : residual + r * hidden;
+      const float* h = res == nullptr ? xr : res;  // the normalized row: x, or residual after residual += x
+      Vec sums(0.f);
+      float sum = 0.f;
+      int64_t i = 0;
+      for (; i < whole; i += Vec::size()) {
+        Vec v = Vec::loadu(xr + i);
+        if (res != nullptr) {
+          v = v + Vec::loadu(res + i);
+          v.store(res + i);
+        }
+        sums = at::vec::fmadd(v, v, sums);
+      }
+      for (; i < hidden; ++i) {
+        float v = xr[i];
+        if (res != nullptr) v = res[i] = v + res[i];
+        sum += v * v;
+      }
+      sum += at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sums);
+      const float inv = 1.f / std::sqrt(sum / static_cast<float>(hidden) + eps);
+      const Vec vinv(inv);
+      float* o = out + r * out_stride;
+      for (i = 0; i < whole; i += Vec::size()) (Vec::loadu(weight + i) * (Vec::loadu(h + i) * vinv)).store(o + i);
+      for (; i < hidden; ++i) o[i] = weight[i] * (h[i] * inv);
+    }
+  });
+}
+
 template <typename T>
 void rms_norm_kernel(const T* x, T* residual, const T* weight, T* out, int64_t rows, int64_t hidden,
                      int64_t x_stride, int64_t out_stride, float eps) {
+  if constexpr (std::is_same_v<T, float>) {
+    rms_norm_fp32(x, residual, weight, out, rows, hidden, x_stride, out_stride, eps);
+    return;
+  }
   at::parallel_for(0, rows, grain_for(hidden), [&](int64_t begin, int64_t end) {
     std::vector<float> h(hidden);
     for (int64_t r = begin; r < end; ++r) {
@@ -52,9 +92,25 @@ void rms_norm_kernel(const T* x, T* residual, const T* weight, T* out, int64_t r
 
 template <typename T>
 void silu_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inter) {
+  const Vec one(1.f);
+  if constexpr (std::is_same_v<T, float>) {  // no intermediate rounding: straight from the rows to the output
+    at::parallel_for(0, rows, grain_for(2 * inter), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const float* g = gate_up + r * 2 * inter;
+        const float* u = g + inter;
+        float* o = out + r * inter;
+        int64_t i = 0;
+        for (; i + Vec::size() <= inter; i += Vec::size()) {
+          const Vec x = Vec::loadu(g + i);
+          ((x / (one + x.neg().exp())) * Vec::loadu(u + i)).store(o + i);
+        }
+        for (; i < inter; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+      }
+    });
+    return;
+  }
   at::parallel_for(0, rows, grain_for(2 * inter), [&](int64_t begin, int64_t end) {
     std::vector<float> gate(inter), up(inter);
-    const Vec one(1.f);
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * inter;
       const T* u = g + inter;
