@@ -23,6 +23,7 @@ import shlex
 import shutil
 import sys
 import sysconfig
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -150,14 +151,32 @@ def paged_decode(
     seq_lens: torch.Tensor,
     sm_scale: float,
     sliding_window: int = 0,
+    chunks: CascadeChunks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention of ``q`` ``[B, heads, D]`` over paged K/V read in place: (out, log-sum-exp fp32).
 
     ``page_table`` ``[B, W]`` and ``seq_lens`` ``[B]`` (each >= 1) are int32; q and the caches share a dtype.
+    With ``chunks`` (no sliding window), each request first attends to its chunk's shared pages, read once for
+    the whole chunk, and ``page_table``/``seq_lens`` describe its keys after them.
     """
+    cascade = (None,) * 5 if chunks is None else (chunks.rows, chunks.offsets, chunks.groups, chunks.shared_table,
+                                                  chunks.shared_pages)
     out, lse = _call("radixrt::paged_decode", _module().paged_decode, q, k_cache, v_cache, page_table, seq_lens,
-                     float(sm_scale), int(sliding_window))
+                     float(sm_scale), int(sliding_window), *cascade)
     return out, lse
+
+
+@dataclass(frozen=True)
+class CascadeChunks:
+    """Requests in chunks for :func:`paged_decode`, int32: chunk c is ``rows[offsets[c]:offsets[c + 1]]``; its
+    requests all begin with the first ``shared_pages[groups[c]]`` pages of row ``groups[c]`` of
+    ``shared_table`` (none where ``groups[c]`` is -1)."""
+
+    rows: torch.Tensor
+    offsets: torch.Tensor
+    groups: torch.Tensor
+    shared_table: torch.Tensor
+    shared_pages: torch.Tensor
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:

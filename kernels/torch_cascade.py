@@ -6,7 +6,9 @@ attention per request over them. Here each group's shared pages are gathered onc
 attend to them in one GEMM, and each request then attends only to its own remaining keys; the two partial
 results are merged exactly through their log-sum-exps (the split-KV merge of flash-decoding). Decode
 (:func:`cascade_decode_attention`) and prefill (:func:`cascade_extend_attention`, a burst of questions
-about one cached document) share the grouping and the merge.
+about one cached document) share the grouping and the merge. Where the C++ kernel is built, decode needs
+neither copy nor merge: the kernel walks a group's shared pages once per chunk of its requests, carrying
+each query's online softmax on into the request's own pages.
 
 The plans are derived from the page table alone, once per forward (:func:`plan_decode`, :func:`plan_extend`),
 and are the same for every layer. Sliding-window layers are not planned (their window would cut the
@@ -49,6 +51,7 @@ class DecodePlan:
     own_lens: torch.Tensor  # [B] int32: how many keys each request has in ``pages``
     own_table: torch.Tensor  # ``pages`` as int32, for the C++ kernel
     _biases: dict = field(default_factory=dict, repr=False)
+    _chunks: cpu_kernels.CascadeChunks | None = field(default=None, repr=False)
 
     def bias(self, dtype: torch.dtype) -> torch.Tensor:
         """``allowed`` as an additive mask (0 / -inf) of ``dtype``, made once per forward."""
@@ -56,6 +59,40 @@ class DecodePlan:
             zeros = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device)
             self._biases[dtype] = zeros.masked_fill_(~self.allowed, float("-inf"))
         return self._biases[dtype]
+
+
+    def kernel_chunks(self, kv_heads: int) -> cpu_kernels.CascadeChunks:
+        """The groups as the C++ kernel's chunks (made once per forward): a group is cut into chunks small
+        enough to keep every thread busy (about four (chunk, kv head) items per thread), each request outside
+        a group is a chunk of its own."""
+        if self._chunks is None:
+            rows, offsets, groups = [], [0], []
+            target_items = 4 * torch.get_num_threads()
+            for g, shared in enumerate(self.groups):
+                members = shared.rows.tolist()
+                size = max(1, min(MAX_CHUNK, -(-len(members) * kv_heads // target_items)))
+                for start in range(0, len(members), size):
+                    rows.extend(members[start : start + size])
+                    offsets.append(len(rows))
+                    groups.append(g)
+            grouped = set(rows)
+            for r in range(self.pages.shape[0]):
+                if r not in grouped:
+                    rows.append(r)
+                    offsets.append(len(rows))
+                    groups.append(-1)
+            width = max(1, max((len(shared.pages) for shared in self.groups), default=1))
+            shared_table = torch.zeros(max(1, len(self.groups)), width, dtype=torch.int32)
+            for g, shared in enumerate(self.groups):
+                shared_table[g, : len(shared.pages)] = shared.pages
+            as_int = lambda values: torch.tensor(values, dtype=torch.int32)
+            self._chunks = cpu_kernels.CascadeChunks(
+                rows=as_int(rows), offsets=as_int(offsets), groups=as_int(groups), shared_table=shared_table,
+                shared_pages=as_int([len(shared.pages) for shared in self.groups] or [0]))
+        return self._chunks
+
+
+MAX_CHUNK = 16  # requests whose queries walk a shared prefix together: their rows and accumulators stay in L1/L2
 
 
 def _shared_groups(table: torch.Tensor, limits: torch.Tensor, min_shared_pages: int) -> list[tuple[torch.Tensor, int]]:
@@ -131,24 +168,22 @@ def cascade_decode_attention(
 ) -> torch.Tensor:
     """Same result as :func:`torch_ref.decode_attention` (no sliding window) for ``q`` ``[B, heads, D]``.
 
-    Each request's own pages are read in place by the C++ kernel where it is built (cpu_kernels), else
-    gathered and read by SDPA. Without shared groups that is all there is to do.
+    Where the C++ kernel is built (cpu_kernels) it does all of it in place: each chunk of a group walks the
+    shared pages once, then each request its own. Elsewhere each request's own pages are gathered and read by
+    SDPA, each group's shared pages gathered once and read by one SDPA, and the two parts merged.
     """
     batch, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_cache.shape
     group = heads // kv_heads
     if cpu_kernels.usable_for(q, k_cache):
-        out, lse = cpu_kernels.paged_decode(q, k_cache, v_cache, plan.own_table, plan.own_lens, sm_scale)
-        if not plan.groups:
-            return out
-        out, lse = out.view(batch, kv_heads, group, head_dim), lse.view(batch, kv_heads, group)
-    elif not plan.groups:
+        chunks = plan.kernel_chunks(kv_heads) if plan.groups else None
+        return cpu_kernels.paged_decode(q, k_cache, v_cache, plan.own_table, plan.own_lens, sm_scale, 0, chunks)[0]
+    if not plan.groups:
         return decode_attention(q, k_cache, v_cache, plan.pages, None, sm_scale, meta=(plan.pages, plan.allowed))
-    else:
-        own_len = plan.pages.shape[1] * page_size
-        keys = gather_pages(k_cache, plan.pages).view(batch, own_len, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-        values = gather_pages(v_cache, plan.pages).view(batch, own_len, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-        out, lse = _attend(q.view(batch, kv_heads, group, head_dim), keys, values, sm_scale, plan.bias(q.dtype))
+    own_len = plan.pages.shape[1] * page_size
+    keys = gather_pages(k_cache, plan.pages).view(batch, own_len, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+    values = gather_pages(v_cache, plan.pages).view(batch, own_len, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
+    out, lse = _attend(q.view(batch, kv_heads, group, head_dim), keys, values, sm_scale, plan.bias(q.dtype))
     q4 = q.view(batch, kv_heads, group, head_dim)
     out = out.float()
     for shared in plan.groups:

@@ -115,5 +115,7 @@ def test_bad_inputs_raise():
     q, k = torch.randn(2, 3, 16), torch.randn(2, 1, 16)
     with pytest.raises(RuntimeError, match="positions"):
         cpu_kernels.rotary_embedding(torch.tensor([0, 8]), q, k, cos, sin)
+    with pytest.raises(RuntimeError, match="positions"):
+        cpu_kernels.rotary_embedding(torch.tensor([-1, 0]), q, k, cos, sin)
     with pytest.raises(RuntimeError, match="fp32"):
         cpu_kernels.rotary_embedding(torch.tensor([0, 1]), q, k, cos.double(), sin.double())

@@ -102,6 +102,102 @@ def test_cascade_same_with_and_without_the_kernel(monkeypatch):
     torch.testing.assert_close(with_kernel, torch_ref.decode_attention(q, k, v, table, lens, 0.25), atol=2e-6, rtol=1e-5)
 
 
+def group_case(members: int, shared_pages: int, page_size: int = 4, heads: int = 6, kv_heads: int = 2,
+               dtype=torch.float32):
+    """``members`` requests that begin with the same ``shared_pages`` pages, plus one loner (the last row)."""
+    gen = torch.Generator().manual_seed(members + shared_pages)
+    own_pages = 3
+    num_pages = shared_pages + (members + 1) * (own_pages + shared_pages) + 1
+    ids = (torch.randperm(num_pages - 1, generator=gen) + 1).tolist()
+    shared = ids[:shared_pages]
+    rest = iter(ids[shared_pages:])
+    rows = [shared + [next(rest) for _ in range(own_pages)] for _ in range(members)]
+    rows.append([next(rest) for _ in range(shared_pages + own_pages)])
+    table = torch.tensor(rows, dtype=torch.int32)
+    lens = torch.randint(shared_pages * page_size + 1, (shared_pages + own_pages) * page_size + 1,
+                         (members + 1,), generator=gen).int()
+    k = torch.randn(num_pages, page_size, kv_heads, 16, generator=gen).to(dtype)
+    v = torch.randn(num_pages, page_size, kv_heads, 16, generator=gen).to(dtype)
+    q = torch.randn(members + 1, heads, 16, generator=gen).to(dtype)
+    return q, k, v, table, lens, shared
+
+
+def chunked(members: int, size: int, shared: list[int]) -> cpu_kernels.CascadeChunks:
+    as_int = lambda values: torch.tensor(values, dtype=torch.int32)
+    order = list(range(members))[::-1] + [members]  # any order of rows: here reversed, the loner last
+    offsets = list(range(0, members, size)) + [members, members + 1]
+    return cpu_kernels.CascadeChunks(rows=as_int(order), offsets=as_int(offsets),
+                                     groups=as_int([0] * (len(offsets) - 2) + [-1]),
+                                     shared_table=as_int([shared]), shared_pages=as_int([len(shared)]))
+
+
+@pytest.mark.parametrize("size", [1, 3, 10])  # a chunk per request, uneven chunks, the whole group at once
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_cascade_in_the_kernel_matches_plain_decode_for_any_chunking(size, page_size):
+    members, shared_pages = 10, 5
+    q, k, v, table, lens, shared = group_case(members, shared_pages, page_size)
+    shift = torch.tensor([shared_pages] * members + [0])
+    own_table = torch.stack([torch.roll(row, -int(s)) for row, s in zip(table, shift)]).int()
+    own_lens = (lens - shift * page_size).int()
+    out, lse = cpu_kernels.paged_decode(q, k, v, own_table, own_lens, 0.25, 0, chunked(members, size, shared))
+    torch.testing.assert_close(out, torch_ref.decode_attention(q, k, v, table, lens, 0.25), atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, reference_lse(q, k, v, table, lens, 0.25, 0), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cascade_in_the_kernel_half_precision(dtype):
+    q, k, v, table, lens, shared = group_case(6, 3, dtype=dtype)
+    plan = torch_cascade.plan_decode(table, lens, 4)
+    assert plan.groups
+    out = torch_cascade.cascade_decode_attention(q, k, v, plan, 0.25)
+    ref = torch_ref.decode_attention(q.float(), k.float(), v.float(), table, lens, 0.25)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_plan_chunks_keep_every_thread_busy(monkeypatch):
+    q, k, v, table, lens, shared = group_case(12, 2)
+    plan = torch_cascade.plan_decode(table, lens, 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    chunks = plan.kernel_chunks(kv_heads=2)
+    sizes = (chunks.offsets[1:] - chunks.offsets[:-1]).tolist()
+    assert sorted(chunks.rows.tolist()) == list(range(13))
+    assert sizes == [1] * 13 and chunks.groups.tolist() == [0] * 12 + [-1]  # 26 items for 32 wanted: 1 a chunk
+    plan = torch_cascade.plan_decode(table, lens, 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert (plan.kernel_chunks(kv_heads=2).offsets.diff()).tolist() == [6, 6, 1]  # 12 * 2 / 4 items a thread
+
+
+def test_bad_cascade_tables_raise():
+    members = 4
+    q, k, v, table, lens, shared = group_case(members, 2)
+    own_lens = (lens - torch.tensor([8] * members + [0])).int()
+    good = chunked(members, 2, shared)
+
+    def call(chunks, window=0, **change):
+        fields = {name: getattr(chunks, name) for name in ("rows", "offsets", "groups", "shared_table", "shared_pages")}
+        fields.update(change)
+        return cpu_kernels.paged_decode(q, k, v, table, own_lens, 0.25, window, cpu_kernels.CascadeChunks(**fields))
+
+    call(good)
+    with pytest.raises(RuntimeError, match="every request once"):
+        call(good, rows=torch.tensor([0, 0, 1, 2, 4], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="chunk_group"):
+        call(good, groups=torch.tensor([0, 1, -1], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="page ids"):
+        call(good, shared_table=torch.tensor([[shared[0], k.shape[0]]], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="chunk_offsets"):
+        call(good, offsets=torch.tensor([0, 3, 2, 5], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="width"):
+        call(good, shared_pages=torch.tensor([3], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="sliding window"):
+        call(good, window=4)
+    with pytest.raises(RuntimeError, match="int32"):
+        call(good, rows=good.rows.long())
+    with pytest.raises(RuntimeError, match="needs all"):
+        cpu_kernels._module().paged_decode(q, k, v, table, own_lens, 0.25, 0, good.rows, None, None, None, None)
+
+
 @pytest.mark.parametrize("family", ["llama", "mistral"])  # mistral: sliding window 5
 def test_model_decode_same_with_and_without_the_kernel(tmp_path, monkeypatch, family):
     from radixrt.model.forward_batch import ForwardBatch, SeqChunk

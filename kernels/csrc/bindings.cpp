@@ -5,13 +5,17 @@
 
 std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                         torch::Tensor page_table, torch::Tensor seq_lens, double scale,
-                                        int64_t window);
+                                        int64_t window, c10::optional<torch::Tensor> chunk_rows,
+                                        c10::optional<torch::Tensor> chunk_offsets,
+                                        c10::optional<torch::Tensor> chunk_group,
+                                        c10::optional<torch::Tensor> shared_table,
+                                        c10::optional<torch::Tensor> shared_pages);
 at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps);
 at::Tensor silu_and_mul(at::Tensor gate_up);
 void rotary_embedding(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tensor cos_cache, at::Tensor sin_cache);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention reading K/V pages in place (CPU)");
+  m.def("paged_decode", &paged_decode, "paged decode attention reading K/V pages in place, a shared prefix once per chunk (CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm, optionally adding x into the residual first (in place)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a merged gate/up projection");
   m.def("rotary_embedding", &rotary_embedding, "neox-style rotary embedding of q and k, in place");

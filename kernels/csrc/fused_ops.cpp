@@ -202,11 +202,10 @@ void rotary_embedding(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tens
   positions = positions.to(at::kLong).contiguous();
   const int64_t tokens = q.size(0), dim = q.size(2);
   TORCH_CHECK(positions.numel() == tokens && k.size(0) == tokens, "one position per token");
-  if (tokens > 0) {
-    TORCH_CHECK(positions.min().item<int64_t>() >= 0 && positions.max().item<int64_t>() < cos_cache.size(0),
-                "positions must lie inside the rotary cache");
-  }
   const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) {  // a loop, not min()/max(): two reductions and syncs per layer cost more
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < cos_cache.size(0), "positions must lie inside the rotary cache");
+  }
   const float* cos = cos_cache.data_ptr<float>();
   const float* sin = sin_cache.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary_embedding", [&] {
