@@ -4,8 +4,10 @@ The scheduler runs in a background thread; calls from any number of threads (or 
 A request the runtime cannot serve raises ``ValueError`` before it is queued; a request that failed inside the
 runtime (its batch's forward failed) raises ``RuntimeError`` while the engine keeps serving. Only a model that
 can no longer run stops the scheduler thread: then every call raises ``EngineDead`` at once, with the cause.
-Engines still running when the interpreter exits are shut down first (as SGLang's Engine does), so a script
-that never calls ``shutdown()`` ends cleanly.
+Under tensor parallelism (``tp_size > 1``) this process is rank 0 and spawns the other ranks; a rank that
+dies stops the scheduler thread the same way (``EngineDead``, the cause a ``RankFailure``), and ``shutdown``
+stops the follower processes. Engines still running when the interpreter exits are shut down first (as
+SGLang's Engine does), so a script that never calls ``shutdown()`` ends cleanly.
 """
 
 from __future__ import annotations
@@ -76,7 +78,12 @@ class Engine:
         self.eos_ids = self.loaded.eos_ids
         self.grammars = self.loaded.grammars
         self.chat_template = self.loaded.chat_template
-        self.scheduler = Scheduler(self.args, self.runner, self.tokenizer, self.eos_ids, self._on_tokens, self.grammars)
+        try:
+            self.scheduler = Scheduler(self.args, self.runner, self.tokenizer, self.eos_ids, self._on_tokens,
+                                       self.grammars)
+        except BaseException:
+            self.loaded.close()
+            raise
         self.detokenizer = Detokenizer(self.tokenizer)
         self._profiler = StepProfiler()
         self._waiters: dict[str, _Waiter] = {}
@@ -94,14 +101,18 @@ class Engine:
     def _loop(self) -> None:
         try:
             while not self._stopped:
+                self.loaded.check_ranks()
                 if not self.scheduler.step():
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
+            self.loaded.close()  # here: the follower ranks take their stop in step order
         except BaseException as exc:  # the model cannot run any more: fail every caller instead of hanging them
             logger.exception("the scheduler thread died")
             self._error = exc
             self._fail_waiters(exc)
             self.scheduler.fail_control_calls(exc)
+            if self.loaded.world is not None:
+                self.loaded.world.abort()
 
     def _fail_waiters(self, exc: BaseException) -> None:
         with self._lock:
@@ -313,6 +324,8 @@ class Engine:
         self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self.loaded.close()  # a no-op where the thread already did it
         _LIVE_ENGINES.discard(self)
         self._fail_waiters(EngineDead("the engine is shut down"))
 

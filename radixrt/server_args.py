@@ -36,6 +36,11 @@ class ServerArgs:
     random_seed: int = field(default=0, metadata={"help": "seeds the sampling of requests that give no seed: the same requests in the same order sample the same tokens"})
     debug_checks: bool = field(default=False, metadata={"help": "check cache and page invariants after every step"})
     log_interval: float = field(default=10.0, metadata={"help": "seconds between stats log lines (0: off)"})
+    # ----- tensor parallelism (docs/SCALING.md) -----
+    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks: each holds 1/N of the heads and MLP (gloo on a CPU, NCCL on CUDA)"})
+    nnodes: int = field(default=1, metadata={"help": "nodes the tensor-parallel ranks span (tp_size / nnodes ranks on each)"})
+    node_rank: int = field(default=0, metadata={"help": "this node's index; nodes other than 0 run model ranks only (no HTTP)"})
+    dist_init_addr: str | None = field(default=None, metadata={"help": "HOST:PORT where the ranks meet (node 0's address; default: a free local port)"})
     host: str = field(default="127.0.0.1", metadata={"help": "HTTP host"})
     port: int = field(default=30000, metadata={"help": "HTTP port"})
     served_model_name: str | None = field(default=None, metadata={"help": "model name reported by /v1/models"})

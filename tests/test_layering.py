@@ -32,6 +32,7 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("radixrt.detokenize", ("radixrt.messages",)),
     ("radixrt.scheduler.validation", ("radixrt.sampling.params", "radixrt.constrained.patterns")),
     ("radixrt.requests", ("radixrt.messages", "radixrt.sampling.params", "radixrt.scheduler.validation")),
+    ("radixrt.distributed", ("radixrt.distributed", "radixrt.model", "radixrt.server_args")),
     ("radixrt.scheduler", ("radixrt.scheduler", "radixrt.memory", "radixrt.model", "radixrt.sampling",
                            "radixrt.constrained", "radixrt.messages", "radixrt.detokenize", "radixrt.server_args",
                            "radixrt.token_ids")),

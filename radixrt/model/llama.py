@@ -1,4 +1,9 @@
-"""The Llama-style decoder family: Llama 2/3, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm)."""
+"""The Llama-style decoder family: Llama 2/3, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
+
+Tensor parallel (``tp``): each rank holds ``heads / tp_size`` query heads and their K/V heads; where ranks
+outnumber the K/V heads each K/V head is replicated on ``tp_size / kv_heads`` consecutive ranks.
+``check_tensor_parallel`` says which sizes a config allows.
+"""
 
 from __future__ import annotations
 
@@ -41,13 +46,35 @@ def sliding_window_of(config, layer: int) -> int:
     return window
 
 
+def kv_replicas(config, tp_size: int) -> int:
+    """How many consecutive ranks hold the same K/V head."""
+    return max(1, tp_size // config.num_key_value_heads)
+
+
+def check_tensor_parallel(config, tp_size: int) -> None:
+    """ValueError unless the model's heads and MLP split over ``tp_size`` ranks."""
+    if tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    problems = []
+    if heads % tp_size:
+        problems.append(f"{heads} attention heads do not divide by tp_size {tp_size}")
+    if (kv_heads % tp_size) if tp_size <= kv_heads else (tp_size % kv_heads):
+        problems.append(f"{kv_heads} K/V heads neither divide by tp_size {tp_size} nor divide it")
+    if config.intermediate_size % tp_size:
+        problems.append(f"the MLP's intermediate size {config.intermediate_size} does not divide by tp_size {tp_size}")
+    if problems:
+        raise ValueError(f"this model cannot run with tp_size {tp_size}: " + "; ".join(problems))
+
+
 class Attention(nn.Module):
     def __init__(self, config, layer: int, rotary: RotaryEmbedding, tp: TPGroup) -> None:
         super().__init__()
         self.layer = layer
         self.head_dim = head_dim_of(config)
         self.num_heads = config.num_attention_heads // tp.size
-        self.num_kv_heads = config.num_key_value_heads // tp.size
+        replicas = kv_replicas(config, tp.size)
+        self.num_kv_heads = config.num_key_value_heads * replicas // tp.size
         bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
         d = self.head_dim
         self.qkv_proj = ColumnParallelLinear(
@@ -55,6 +82,7 @@ class Attention(nn.Module):
             [config.num_attention_heads * d, config.num_key_value_heads * d, config.num_key_value_heads * d],
             bias=bias,
             tp=tp,
+            replicas=[1, replicas, replicas],
         )
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * d, config.hidden_size, bias=getattr(config, "attention_bias", False), tp=tp
@@ -166,11 +194,8 @@ class LlamaForCausalLM(nn.Module):
             logits = packed_linear(x, self.packed_head)
         else:
             logits = F.linear(x, self._head_weight())
-        if self.tp.size > 1:
-            parts = [torch.empty_like(logits) for _ in range(self.tp.size)]
-            torch.distributed.all_gather(parts, logits)
-            logits = torch.cat(parts, dim=-1)
-        return logits.float()
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return head.gather_logits(logits).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         modules = dict(self.named_modules())

@@ -1,19 +1,39 @@
-"""Loads a model folder into our modules and runs one forward per batch over the page pool."""
+"""Loads a model folder into our modules and runs one forward per batch over the page pool.
+
+Under tensor parallelism (``world``: a ``radixrt.distributed.world.TPWorld``) the runner holds this rank's
+shard and a pool of this rank's K/V heads, with the page count every rank agrees on; rank 0's ``forward``
+first broadcasts the batch to the followers, and a forward that fails there kills them (the ranks would be
+out of step). The only other write to K/V, the radix cache's copy of a partly matched page, is recorded on
+rank 0 (``MirroredPagePool``) and sent with the next batch; followers apply it before that forward, so
+every pool goes through the same writes in the same order.
+"""
 
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixrt.kernels import cpu_kernels
-from radixrt.memory.page_pool import KVLayout, PagePool
+from radixrt.memory.page_pool import KVLayout, PagePool, default_budget_bytes
 from radixrt.model.cpu_malloc import keep_freed_memory
 from radixrt.model.attention import AttentionBackend, create_attention_backend
 from radixrt.model.forward_batch import ForwardBatch
-from radixrt.model.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM, head_dim_of
+from radixrt.model.llama import (
+    SUPPORTED_ARCHITECTURES,
+    LlamaForCausalLM,
+    check_tensor_parallel,
+    head_dim_of,
+    kv_replicas,
+)
+from radixrt.model.parallel import SINGLE
+
+if TYPE_CHECKING:
+    from radixrt.distributed.world import TPWorld
+    from radixrt.server_args import ServerArgs
 
 # What `--dtype auto` resolves to, whatever the CPU: float32 or bfloat16 (unset: bf16 where the CPU runs it fast).
 AUTO_DTYPE_ENV = "RADIXRT_AUTO_DTYPE"
@@ -68,6 +88,18 @@ def iterate_safetensors(model_path: Path):
                 yield name, handle.get_tensor(name)
 
 
+class MirroredPagePool(PagePool):
+    """Rank 0's pool: records each page copy, for the followers to repeat before the next forward."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.pending_copies: list[tuple[int, int, int]] = []
+
+    def copy_page_prefix(self, src: int, dst: int, num_tokens: int) -> None:
+        super().copy_page_prefix(src, dst, num_tokens)
+        self.pending_copies.append((src, dst, num_tokens))
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -79,11 +111,15 @@ class ModelRunner:
         attention_backend: str = "auto",
         context_length: int | None = None,
         device: str = "cpu",
+        world: TPWorld | None = None,
     ) -> None:
         started = time.perf_counter()
         self.model_path = Path(model_path)
         self.config = load_config(self.model_path)
-        self.device = torch.device(device)
+        self.world = world
+        tp = SINGLE if world is None else world.tp
+        check_tensor_parallel(self.config, tp.size)
+        self.device = torch.device(device if world is None else world.device)
         self.dtype = parse_dtype(dtype, self.device)
         if self.device.type == "cpu":
             keep_freed_memory()
@@ -91,24 +127,47 @@ class ModelRunner:
         self.context_length = int(context_length or self.config.max_position_embeddings)
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(self.device):
-            self.model = LlamaForCausalLM(self.config, max_positions=self.context_length)
+            self.model = LlamaForCausalLM(self.config, max_positions=self.context_length, tp=tp)
         self.model.load_weights(iterate_safetensors(self.model_path))
         self.model.to(self.dtype)
         self.model.eval()
         self.packed_linears = self.model.pack_linear_weights() if self.device.type == "cpu" else 0
         layout = KVLayout(
             num_layers=self.config.num_hidden_layers,
-            kv_heads=self.config.num_key_value_heads,
+            kv_heads=self.config.num_key_value_heads * kv_replicas(self.config, tp.size) // tp.size,
             head_dim=head_dim_of(self.config),
             page_size=page_size,
             dtype=self.dtype,
         )
-        if num_pages is not None:
+        if world is not None:
+            num_pages = world.agree_min(num_pages or self._pages_per_rank(layout, kv_memory_gb, world))
+            self.pool = (MirroredPagePool if world.rank == 0 else PagePool)(layout, num_pages, self.device)
+        elif num_pages is not None:
             self.pool = PagePool(layout, num_pages, self.device)
         else:
             self.pool = PagePool.from_memory_budget(layout, kv_memory_gb, self.device)
         self.attention: AttentionBackend = create_attention_backend(self.pool, attention_backend)
         self.load_seconds = time.perf_counter() - started
+
+    @classmethod
+    def from_args(cls, model_path: Path, args: ServerArgs, world: TPWorld | None = None) -> "ModelRunner":
+        return cls(model_path, dtype=args.dtype, page_size=args.page_size, num_pages=args.max_total_pages,
+                   kv_memory_gb=args.kv_memory_gb, attention_backend=args.attention_backend,
+                   context_length=args.context_length, device=args.device, world=world)
+
+    def _pages_per_rank(self, layout: KVLayout, kv_memory_gb: float | None, world: TPWorld) -> int:
+        """A rank's pages: ``kv_memory_gb`` each, or by default its share of what this node's ranks share."""
+        if kv_memory_gb is not None:
+            budget = kv_memory_gb * 1024**3
+        else:
+            shared = 1 if self.device.type == "cuda" else world.size // world.args.nnodes
+            budget = default_budget_bytes(self.device) / shared
+        return max(1, layout.pages_for_budget(budget))
+
+    def apply_page_copies(self, copies: list[tuple[int, int, int]]) -> None:
+        """A follower: repeat rank 0's page copies (``MirroredPagePool``) before the forward they precede."""
+        for src, dst, num_tokens in copies:
+            self.pool.copy_page_prefix(src, dst, num_tokens)
 
     @property
     def page_size(self) -> int:
@@ -116,4 +175,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.model(batch, self.attention)
+        if self.world is None:
+            return self.model(batch, self.attention)
+        if self.world.rank == 0:
+            copies, self.pool.pending_copies = self.pool.pending_copies, []
+            self.world.send_batch(batch, copies)
+        try:
+            return self.model(batch, self.attention)
+        except BaseException as exc:
+            self.world.abort(f"a forward failed on rank {self.world.rank}, leaving the ranks out of step: {exc!r}")
+            raise

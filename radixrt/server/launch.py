@@ -10,6 +10,9 @@ Lifecycle:
   killed (PR_SET_PDEATHSIG) or notice it is gone within a second.
 - A helper that dies makes /health answer 503, fails every request in flight, and the server exits with
   code 1 instead of hanging.
+- Tensor parallelism: the scheduler process is rank 0 and spawns the other ranks of its node; a rank that
+  dies ends the scheduler process, hence the server (code 1). ``--node-rank N`` (N > 0) serves no HTTP:
+  it runs that node's ranks only (``radixrt.distributed.node``).
 """
 
 from __future__ import annotations
@@ -86,7 +89,22 @@ def _is_loopback(host: str) -> bool:
 def serve(args: ServerArgs) -> int:
     from radixrt.model.weights import resolve_model_path
 
+    from radixrt.distributed.options import check_dist_args
+
     logging.basicConfig(level=logging.INFO, format="[server %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    try:
+        check_dist_args(args)
+    except ValueError as exc:
+        logger.error("%s", exc)
+        return 1
+    if args.node_rank > 0:
+        from radixrt.distributed.node import run_node
+
+        try:
+            return run_node(args)
+        except ValueError as exc:  # the model does not split over tp_size ranks
+            logger.error("%s", exc)
+            return 1
     if not args.api_key and not _is_loopback(args.host):
         logger.warning("binding %s without an API key: anyone who can reach this port can use the server, flush "
                        "its cache and abort requests; pass --api-key (docs/SECURITY.md)", args.host)

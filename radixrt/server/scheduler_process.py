@@ -3,6 +3,8 @@
 Loop: take every message waiting on its PULL socket (requests, aborts, flush/stats queries), run one
 scheduler step, and push that step's token deltas to the detokenizer as one BatchTokenOut. When there is
 nothing to do it blocks on the socket (no spinning). It gets the machine's compute threads.
+Under tensor parallelism it is rank 0: it spawns the follower ranks (``LoadedModel.load``), checks them
+before every step and exits with code 1 when one died, which the launcher turns into the server's exit.
 
 Run by the server launcher: ``python -m radixrt.server.scheduler_process ARGS_JSON IPC_DIR PARENT_PID``.
 """
@@ -40,7 +42,7 @@ class SchedulerProcess:
 
         self.args = args
         self.parent_pid = parent_pid
-        loaded = LoadedModel.load(args)
+        loaded = self.loaded = LoadedModel.load(args)
         self.model_path, self.tokenizer, self.runner = loaded.model_path, loaded.tokenizer, loaded.runner
         self.eos_ids = loaded.eos_ids
         grammars = loaded.grammars
@@ -109,6 +111,7 @@ class SchedulerProcess:
             # Idle: block on the socket. Waiting on a grammar compile or similar: poll briefly.
             timeout = 0 if busy else (5 if not self.scheduler.idle else 1000)
             self._drain(timeout)
+            self.loaded.check_ranks()
             started = time.perf_counter()
             busy = self.scheduler.step()
             if busy:
@@ -121,6 +124,7 @@ class SchedulerProcess:
                     return
 
     def close(self) -> None:
+        self.loaded.close()
         for sock in (self.inbox, self.to_detokenizer, self.to_tokenizer):
             sock.close(0)
         self.ctx.term()
@@ -146,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     except BaseException:
         logger.exception("the scheduler process failed")
+        if proc is not None and proc.loaded.world is not None:
+            proc.loaded.world.abort()
         return 1
     finally:
         if proc is not None:

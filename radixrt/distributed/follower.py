@@ -1,0 +1,65 @@
+"""A follower rank: joins the process groups, loads its model shard and K/V pool, then runs every forward
+rank 0 broadcasts (after the page copies that came with it) until rank 0 says stop (exit 0). Any error of
+its own ends it with code 1 (fail-stop: rank 0 then finds it dead); it dies with the process that spawned it.
+
+Run by rank 0 or a node launcher: ``python -m radixrt.distributed.follower ARGS_JSON RANK HOST:PORT PARENT_PID``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+
+from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger("radixrt.follower")
+
+
+def run(args: ServerArgs, rank: int, init_addr: str) -> None:
+    from radixrt.distributed.world import TPWorld
+    from radixrt.model.runner import ModelRunner
+    from radixrt.model.weights import resolve_model_path
+
+    world = TPWorld(args, rank, init_addr, followers=[])
+    runner = ModelRunner.from_args(resolve_model_path(args.model), args, world)
+    while True:
+        step = world.recv_batch()
+        if step is None:
+            return
+        batch, page_copies = step
+        runner.apply_page_copies(page_copies)
+        runner.forward(batch)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGTERM (whose default action ends this process, even inside a collective) when the parent dies.
+
+    The same as radixrt.server.ipc's, which the layering keeps this module from importing."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args_json, rank, init_addr, parent_pid = argv[0], int(argv[1]), argv[2], int(argv[3])
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; rank 0 stops us
+    logging.basicConfig(level=logging.INFO, format=f"[tp rank {rank} %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    try:
+        run(ServerArgs(**json.loads(args_json)), rank, init_addr)
+    except BaseException:
+        logger.exception("tensor-parallel rank %d failed", rank)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
