@@ -14,6 +14,7 @@ from .choices import (
 from .global_config import global_config
 from .ir import SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect
 from .program import SglFunction
+from .runtime import Runtime
 from .sampling_params import SglSamplingParams
 
 __all__ = [
@@ -301,10 +302,3 @@ def __getattr__(name: str):
         module, attr = _LAZY_CLASSES[name]
         return getattr(importlib.import_module(module, __package__), attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def Runtime(*args, **kwargs):
-    raise NotImplementedError(
-        "sgl.Runtime (a server launched from Python) is not available yet: start `radixrt serve` "
-        "and use RuntimeEndpoint(url), or use the in-process radixrt.Engine()"
-    )

@@ -140,7 +140,7 @@ def test_extreme_int64_values_never_5xx(server, path, body):
 def test_bounded_fuzz_run_finds_no_5xx_and_no_hang(server):
     report = run_fuzz(server.url, max_examples=6, timeout=30.0, seed=1)
     print(report.render())
-    assert report.cases >= 40 and len(report.operations) == 12
+    assert report.cases >= 40 and len(report.operations) == 14
     assert report.server_errors == [] and report.hangs == []
     assert report.statuses[200] > 0 and report.statuses[400] > 0
     assert report.healthy_after and report.same_output_after

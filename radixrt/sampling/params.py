@@ -1,10 +1,29 @@
-"""Sampling parameters of one request, validated once when the request arrives."""
+"""Sampling parameters of one request, validated once when the request arrives.
+
+SGLang's own sampling fields that radixrt does not implement are declared too (``SGLANG_FIELDS``, rules in
+radixrt.sampling.compat_fields): a harmless one is accepted and logged once, one that would change the result
+is refused unless it holds its default. ``sampling_seed`` (SGLang's name) is ``seed``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import msgspec
+
+from radixrt.sampling.compat_fields import Ignored, Rule, Unsupported, check_fields, compat_type
+
+SGLANG_FIELDS: dict[str, Rule] = {
+    "no_stop_trim": Unsupported("keeping the matched stop string in the output", (None, False)),
+    "spaces_between_special_tokens": Unsupported("decoding without spaces between special tokens", (None, True)),
+    "stream_interval": Ignored("radixrt streams what each scheduler step produced"),
+    "custom_params": Unsupported("parameters of a custom logit processor"),
+    "logit_bias": Unsupported("logit bias"),
+    "stop_regex": Unsupported("stop regexes"),
+    "ebnf": Unsupported("EBNF grammars"),
+    "structural_tag": Unsupported("structural tags"),
+    "beam_width": Unsupported("beam search", (None, 0, 1)),
+}
 
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -26,10 +45,28 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     regex: str | None = None
     json_schema: str | None = None
     choices: list[str] | None = None
+    sampling_seed: int | None = None
+    # SGLang's fields radixrt does not implement; normalised away in __post_init__, so they never travel on.
+    no_stop_trim: compat_type(SGLANG_FIELDS["no_stop_trim"]) = None
+    spaces_between_special_tokens: compat_type(SGLANG_FIELDS["spaces_between_special_tokens"]) = None
+    stream_interval: compat_type(SGLANG_FIELDS["stream_interval"]) = None
+    custom_params: compat_type(SGLANG_FIELDS["custom_params"]) = None
+    logit_bias: compat_type(SGLANG_FIELDS["logit_bias"]) = None
+    stop_regex: compat_type(SGLANG_FIELDS["stop_regex"]) = None
+    ebnf: compat_type(SGLANG_FIELDS["ebnf"]) = None
+    structural_tag: compat_type(SGLANG_FIELDS["structural_tag"]) = None
+    beam_width: compat_type(SGLANG_FIELDS["beam_width"]) = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.sampling_seed is not None:
+            if self.seed is not None and self.seed != self.sampling_seed:
+                raise ValueError("seed and sampling_seed differ; pass one of them")
+            self.seed, self.sampling_seed = self.sampling_seed, None
+        check_fields(self, SGLANG_FIELDS, "sampling_params.")
+        for name in SGLANG_FIELDS:
+            setattr(self, name, None)
 
     @property
     def greedy(self) -> bool:

@@ -1,5 +1,9 @@
 """Request bodies of SGLang's native API (/generate, /abort_request), as msgspec structs (unknown fields refused).
 
+``GenerateBody`` also declares every other field of SGLang's GenerateReqInput, from the rule table
+``radixrt.server.sglang_compat.GENERATE`` (ignored, or refused unless it asks for nothing); the route checks
+them with ``sglang_compat.check``.
+
 The routes decode these, and /openapi.json is generated from them (radixrt.server.openapi), so the schema a
 client reads is the one the server enforces. A shape msgspec cannot type (one prompt or a batch of prompts
 under one key) is checked by the runtime's request path (radixrt.requests); its JSON schema is given here.
@@ -11,7 +15,9 @@ from typing import Annotated
 
 import msgspec
 
+from radixrt.sampling.compat_fields import struct_fields
 from radixrt.sampling.params import SamplingParams
+from radixrt.server.sglang_compat import GENERATE
 
 TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer"}, "minItems": 1}
 
@@ -22,7 +28,9 @@ InputIds = Annotated[list | None, msgspec.Meta(
 )]
 
 
-class GenerateBody(msgspec.Struct, forbid_unknown_fields=True):
+class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
+    """The fields of /generate that radixrt serves."""
+
     text: str | list[str] | None = None
     input_ids: InputIds = None
     sampling_params: SamplingParams | list[SamplingParams] | None = None
@@ -36,6 +44,10 @@ class GenerateBody(msgspec.Struct, forbid_unknown_fields=True):
     def sampling_dicts(self) -> dict | list[dict] | None:
         """The sampling params as the JSON-like dicts the runtime's request path takes."""
         return None if self.sampling_params is None else msgspec.to_builtins(self.sampling_params)
+
+
+GenerateBody = msgspec.defstruct("GenerateBody", struct_fields(GENERATE), bases=(GenerateCore,),
+                                 forbid_unknown_fields=True, kw_only=True, module=__name__)
 
 
 class AbortBody(msgspec.Struct, forbid_unknown_fields=True):

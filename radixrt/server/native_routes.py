@@ -1,10 +1,15 @@
-"""SGLang's native API: POST /generate, GET /get_model_info, GET /get_server_info, GET|POST /flush_cache,
-POST /abort_request.
+"""SGLang's native API: POST /generate, GET /model_info and /get_model_info, GET /server_info and
+/get_server_info, GET|POST /flush_cache, POST /abort_request.
 
 /generate takes the Engine's arguments (radixrt.server.native_protocol.GenerateBody) through the runtime's
 one request path (``TokenizerManager.prepare``, off the event loop) and answers the Engine's dict per request:
 one dict for one prompt with n=1, else a list. A stream (one prompt, n=1) sends the whole dict so far at every
-wake-up, then ``[DONE]``.
+wake-up, then ``[DONE]``. SGLang's other GenerateReqInput fields are checked by ``sglang_compat.check``.
+
+/server_info (and /get_server_info) and /model_info carry what SGLang's router reads when it registers a
+worker: ``model_path``, ``served_model_name`` (the model id it lists) and, in /model_info, the checkpoint's
+``model_type`` and ``architectures`` (radixrt.server.model_card). /get_model_info stays the Engine's
+``get_model_info()``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from fastapi.responses import Response
 
 import radixrt
 from radixrt.scheduler.validation import RequestError
+from radixrt.server import sglang_compat
 from radixrt.server.client_wait import gather, wait_any
 from radixrt.server.http_common import (
     SSE_DONE,
@@ -27,13 +33,16 @@ from radixrt.server.http_common import (
     route,
     sse,
 )
+from radixrt.server.model_card import model_card
 from radixrt.server.native_protocol import AbortBody, GenerateBody
 from radixrt.server.tokenizer_manager import ReqState, TokenizerManager
 
 
 def add_native_routes(app: FastAPI, tm: TokenizerManager) -> None:
     route(app, "/generate", ["POST"], generate, tm)
+    route(app, "/model_info", ["GET"], model_info, tm)
     route(app, "/get_model_info", ["GET"], get_model_info, tm)
+    route(app, "/server_info", ["GET"], get_server_info, tm)
     route(app, "/get_server_info", ["GET"], get_server_info, tm)
     route(app, "/flush_cache", ["GET", "POST"], flush_cache, tm)
     route(app, "/abort_request", ["POST"], abort_request, tm)
@@ -41,6 +50,7 @@ def add_native_routes(app: FastAPI, tm: TokenizerManager) -> None:
 
 async def generate(tm: TokenizerManager, request: Request) -> Response:
     body = decode_request(await request.body(), GenerateBody)
+    sglang_compat.check(body, sglang_compat.GENERATE)
     prepared = await tm.off_loop(tm.prepare, body.text, body.sampling_dicts(), body.input_ids, body.return_logprob,
                                  body.logprob_start_len, body.top_logprobs_num)
     rids = None if body.rid is None else ([body.rid] if isinstance(body.rid, str) else body.rid)
@@ -86,9 +96,16 @@ async def get_model_info(tm: TokenizerManager, request: Request) -> Response:
     return json_response(tm.model_info)
 
 
+async def model_info(tm: TokenizerManager, request: Request) -> Response:
+    return json_response({**tm.model_info, **model_card(tm.model_info["model_path"])})
+
+
 async def get_server_info(tm: TokenizerManager, request: Request) -> Response:
     out = await tm.stats()
+    info = tm.model_info
     return json_response({
+        "model_path": info["model_path"],
+        "served_model_name": info["served_model_name"],
         "server_args": tm.args.public_dict(),
         "model_info": tm.model_info,
         "stats": tm.stats_dict(out),

@@ -4,7 +4,9 @@
 return the messages or prompts to tokenize; ``sampling_dict`` maps a request onto radixrt sampling params
 (SGLang's names), which then go through the runtime's own request path (radixrt.requests.prepare).
 Extensions accepted beside OpenAI's fields (as SGLang and vLLM do): top_k, min_p, repetition_penalty,
-min_tokens, ignore_eos, skip_special_tokens, stop_token_ids, regex, json_schema.
+min_tokens, ignore_eos, skip_special_tokens, stop_token_ids, regex, json_schema, rid (SGLang: the request id,
+one per sequence). SGLang's other extensions are declared from ``sglang_compat.OPENAI`` and checked by
+``check_common`` (ignored, or refused unless they ask for nothing).
 Responses are built in radixrt.server.openai_responses.
 """
 
@@ -14,7 +16,9 @@ from typing import Any
 
 import msgspec
 
+from radixrt.sampling.compat_fields import struct_fields
 from radixrt.scheduler.validation import RequestError
+from radixrt.server import sglang_compat
 from radixrt.server.response_format import response_format_to_params
 
 MAX_TOP_LOGPROBS = 20
@@ -26,7 +30,11 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     continuous_usage_stats: bool = False
 
 
-class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+_SGLangExtras = msgspec.defstruct("_SGLangExtras", struct_fields(sglang_compat.OPENAI), forbid_unknown_fields=True,
+                                  kw_only=True, module=__name__)
+
+
+class _Common(_SGLangExtras, forbid_unknown_fields=True, kw_only=True):
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -50,6 +58,10 @@ class _Common(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     stop_token_ids: list[int] | None = None
     regex: str | None = None
     json_schema: str | None = None
+    rid: str | list[str] | None = None
+
+    def rids(self) -> list[str] | None:
+        return None if self.rid is None else ([self.rid] if isinstance(self.rid, str) else list(self.rid))
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -76,6 +88,7 @@ class CompletionRequest(_Common, kw_only=True):
 
 
 def check_common(req: _Common) -> None:
+    sglang_compat.check(req, sglang_compat.OPENAI)
     if req.stream_options is not None and not req.stream:
         raise RequestError("stream_options is only allowed when stream is true")
     if req.logit_bias:

@@ -59,7 +59,7 @@ async def chat_completions(tm: TokenizerManager, request: Request) -> Response:
     model = served_model(tm, req.model)
     messages = oai.check_chat(req, tm.args.max_messages, tm.args.max_tools, tm.client_limits)
     prepared = await tm.off_loop(_prepare_chat, tm, req, messages)
-    states = tm.submit_all(prepared)
+    states = tm.submit_all(prepared, req.rids())
     answer = OpenAIAnswer(chat=True, model=model, n=req.n, want_logprobs=req.logprobs, token_text=tm.token_text,
                           include_usage=_include_usage(req))
     return await _respond(request, tm, states, answer, req.stream)
@@ -70,7 +70,7 @@ async def completions(tm: TokenizerManager, request: Request) -> Response:
     model = served_model(tm, req.model)
     prompts = oai.check_completion(req)
     prepared = await tm.off_loop(_prepare_completion, tm, req, prompts)
-    states = tm.submit_all(prepared)
+    states = tm.submit_all(prepared, req.rids())
     echo = [await tm.off_loop(tm.tokenizer.decode, one) if req.echo else "" for one in prepared.ids
             for _ in range(req.n)]
     answer = OpenAIAnswer(chat=False, model=model, n=req.n, want_logprobs=req.logprobs is not None,

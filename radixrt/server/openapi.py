@@ -6,6 +6,8 @@ bounds the runtime enforces are then written into those schemas: the static ones
 to SamplingParams.validate and the routes' checks by tests/test_server_fuzz.py), the model's from ``ApiLimits``
 (context length, vocabulary) and the server's per-request caps, and every other integer gets the 64-bit
 range ``http_common.decode_request`` enforces, so a schema-driven client or fuzzer knows which values are served.
+SGLang's fields that radixrt accepts without serving (radixrt.server.sglang_compat) carry their own schema: any
+value for an ignored one, only the values that ask for nothing for a refused one.
 """
 
 from __future__ import annotations
@@ -128,6 +130,8 @@ def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> N
         for name, prop in props.items():
             if name in BOUNDS:
                 _constrain(prop, BOUNDS[name])
+            elif name == "sampling_seed":  # SGLang's name of seed
+                _constrain(prop, BOUNDS["seed"])
             elif name in TOKEN_COUNTS:
                 _constrain(prop, {"minimum": 0, "maximum": limits.context_length})
         if "n" in props and limits.max_n is not None:
@@ -205,8 +209,11 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         "/v1/chat/completions": {"post": post("OpenAI chat completions", "ChatCompletionRequest", stream_ok,
                                               400, 404, 503)},
         "/v1/models": {"get": get("the served model")},
-        "/get_model_info": {"get": get("model path and limits")},
-        "/get_server_info": {"get": get("server args, scheduler stats, pids and ipc dir", json_ok, 503)},
+        "/model_info": {"get": get("model path, served name, limits, model type and architectures")},
+        "/get_model_info": {"get": get("model path, served name and limits (the Engine's get_model_info)")},
+        "/server_info": {"get": get("model path and served name, server args, scheduler stats, pids and ipc dir",
+                                    json_ok, 503)},
+        "/get_server_info": {"get": get("the same as /server_info (SGLang's older name)", json_ok, 503)},
         "/flush_cache": {"get": flush, "post": flush},
         "/abort_request": {"post": post("abort one request by rid, or all", "AbortBody", json_ok, 400)},
         "/health": {"get": get("200 while every process is alive", json_ok, 503)},

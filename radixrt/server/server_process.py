@@ -2,80 +2,13 @@
 
     with ServerProcess(["--dtype", "float32"]) as server:
         httpx.post(server.url + "/generate", json={...})
+
+The implementation lives in the frontend (radixrt.frontend.launcher), which ``sgl.Runtime`` uses too and which
+may import nothing of the runtime; this module is its home on the server side.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
+from radixrt.frontend.launcher import READY_LINE, ServerProcess, free_port
 
-from radixrt.server.launch import READY_LINE
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    def __init__(self, args: list[str] | None = None, port: int | None = None, timeout: float = 600.0,
-                 echo: bool = False) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = list(args or [])
-        self.timeout = timeout
-        self.echo = echo
-        self.lines: list[str] = []
-        self.proc: subprocess.Popen | None = None
-        self._ready = threading.Event()
-
-    def start(self) -> "ServerProcess":
-        cmd = [sys.executable, "-m", "radixrt.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               *self.args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        threading.Thread(target=self._read, daemon=True).start()
-        deadline = time.monotonic() + self.timeout
-        while not self._ready.wait(0.2):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"radixrt serve exited with {self.proc.returncode}:\n" + "".join(self.lines[-40:]))
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError("radixrt serve did not become ready:\n" + "".join(self.lines[-40:]))
-        return self
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if self.echo:
-                sys.stderr.write(line)
-            if READY_LINE in line:
-                self._ready.set()
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def __enter__(self) -> "ServerProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+__all__ = ["READY_LINE", "ServerProcess", "free_port"]

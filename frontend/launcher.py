@@ -1,0 +1,108 @@
+"""Start `radixrt serve` as a child process on a free loopback port and wait until it is ready.
+
+    with ServerProcess(["--dtype", "float32"]) as server:
+        httpx.post(server.url + "/generate", json={...})
+
+The child is ``python -m radixrt.cli serve --host 127.0.0.1 --port PORT ARGS``; it is ready when it prints
+``READY_LINE`` (radixrt.server.launch prints it; tests keep the two equal). ``die_with_parent=True`` asks the
+kernel (Linux ``PR_SET_PDEATHSIG``) to SIGTERM the server when the thread that started it dies, so a killed
+program leaves no server behind; the server's own helpers die with the server. Used by ``sgl.Runtime``
+(radixrt.frontend.runtime) and, through radixrt.server.server_process, by tests and benchmarks. Imports
+nothing of the runtime: the server is a command line away.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+READY_LINE = "radixrt serve: ready at"
+PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with(parent_pid: int) -> Callable[[], None]:
+    """The child's pre-exec step: SIGTERM when the parent goes (or at once if it already went)."""
+
+    def arm() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except OSError:  # not Linux: the atexit hook of the parent is all there is
+            return
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+class ServerProcess:
+    def __init__(self, args: list[str] | None = None, port: int | None = None, timeout: float = 600.0,
+                 echo: bool = False, host: str = "127.0.0.1", die_with_parent: bool = False) -> None:
+        self.host = host
+        self.port = port or free_port()
+        self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{self.port}"
+        self.args = list(args or [])
+        self.timeout = timeout
+        self.echo = echo
+        self.die_with_parent = die_with_parent
+        self.lines: list[str] = []
+        self.proc: subprocess.Popen | None = None
+        self._ready = threading.Event()
+
+    def start(self) -> "ServerProcess":
+        cmd = [sys.executable, "-m", "radixrt.cli", "serve", "--host", self.host, "--port", str(self.port),
+               *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                     preexec_fn=_die_with(os.getpid()) if self.die_with_parent else None)
+        threading.Thread(target=self._read, daemon=True).start()
+        deadline = time.monotonic() + self.timeout
+        while not self._ready.wait(0.2):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"radixrt serve exited with {self.proc.returncode}:\n" + "".join(self.lines[-40:]))
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError("radixrt serve did not become ready:\n" + "".join(self.lines[-40:]))
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if self.echo:
+                sys.stderr.write(line)
+            if READY_LINE in line:
+                self._ready.set()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
