@@ -63,11 +63,11 @@ class DecodePlan:
 
     def kernel_chunks(self, kv_heads: int) -> cpu_kernels.CascadeChunks:
         """The groups as the C++ kernel's chunks (made once per forward): a group is cut into chunks small
-        enough to keep every thread busy (about four (chunk, kv head) items per thread), each request outside
-        a group is a chunk of its own."""
+        enough to keep every thread busy (about :data:`ITEMS_PER_THREAD` (chunk, kv head) items per thread),
+        each request outside a group is a chunk of its own."""
         if self._chunks is None:
             rows, offsets, groups = [], [0], []
-            target_items = 4 * torch.get_num_threads()
+            target_items = ITEMS_PER_THREAD * torch.get_num_threads()
             for g, shared in enumerate(self.groups):
                 members = shared.rows.tolist()
                 size = max(1, min(MAX_CHUNK, -(-len(members) * kv_heads // target_items)))
@@ -92,6 +92,7 @@ class DecodePlan:
         return self._chunks
 
 
+ITEMS_PER_THREAD = 8  # enough items that threads finish together, few enough that chunks stay large
 MAX_CHUNK = 16  # requests whose queries walk a shared prefix together: their rows and accumulators stay in L1/L2
 
 

@@ -5,9 +5,11 @@
 // (cascade attention): the pages that all its requests begin with are walked once for all of the chunk's query
 // rows while they sit in cache, then each request walks its own pages; there is nothing to merge, since one
 // online softmax runs over both parts. Without chunks every request is its own chunk.
-// The arithmetic is at::vec fp32 (keys and values converted as they load); a head_dim of 8 or 16 vectors keeps
-// the query and accumulator rows in registers, any other runs the same code with a run-time width and a scalar
-// tail. Layout as in torch_ref.py: caches are [num_pages, page_size, kv_heads, head_dim].
+// The arithmetic is at::vec fp32 (keys and values converted as they load). A head_dim of 8 or 16 vectors is
+// unrolled at compile time: with AVX2 the scores come four keys at a time (eight FMA chains, one transposing
+// reduction), and at 8 vectors the accumulator row stays in registers while the values stream past. Any other
+// head_dim runs the same code with a run-time width and a scalar tail.
+// Layout as in torch_ref.py: caches are [num_pages, page_size, kv_heads, head_dim].
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -55,7 +57,31 @@ inline void attend_page(const float* qg, RowState& row, const T* k_page, const T
                         int64_t token_stride, int64_t head_dim, int64_t run_chunks, float* s) {
   const int64_t chunks = kChunks > 0 ? kChunks : run_chunks;
   float top = row.m;
-  for (int64_t t = lo; t < hi; ++t) {
+  int64_t t = lo;
+#if defined(CPU_CAPABILITY_AVX2)
+  if constexpr (kChunks > 0 && kLanes == 8) {
+    // four keys at a time: eight independent FMA chains, then one transposing reduction for the four dots
+    for (; t + 4 <= hi; t += 4) {
+      const T* k = k_page + t * token_stride;
+      Vec a[4] = {Vec(0.f), Vec(0.f), Vec(0.f), Vec(0.f)};
+      Vec b[4] = {Vec(0.f), Vec(0.f), Vec(0.f), Vec(0.f)};
+      for (int64_t c = 0; c < kChunks; c += 2) {
+        const Vec q0 = Vec::loadu(qg + c * kLanes), q1 = Vec::loadu(qg + (c + 1) * kLanes);
+        for (int i = 0; i < 4; ++i) {
+          a[i] = at::vec::fmadd(q0, load_float(k + i * token_stride + c * kLanes), a[i]);
+          b[i] = at::vec::fmadd(q1, load_float(k + i * token_stride + (c + 1) * kLanes), b[i]);
+        }
+      }
+      const __m256 h01 = _mm256_hadd_ps(a[0] + b[0], a[1] + b[1]);
+      const __m256 h23 = _mm256_hadd_ps(a[2] + b[2], a[3] + b[3]);
+      const __m256 h = _mm256_hadd_ps(h01, h23);
+      const __m128 dots = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      _mm_storeu_ps(s + t, dots);
+      top = std::max(top, std::max(std::max(s[t], s[t + 1]), std::max(s[t + 2], s[t + 3])));
+    }
+  }
+#endif
+  for (; t < hi; ++t) {
     const T* k = k_page + t * token_stride;
     Vec a0(0.f), a1(0.f);
     int64_t c = 0;
@@ -71,7 +97,7 @@ inline void attend_page(const float* qg, RowState& row, const T* k_page, const T
   }
   const float rescale = std::exp(row.m - top);  // 0 on the first page (m = -inf)
   const Vec vtop(top);
-  int64_t t = lo;
+  t = lo;
   Vec vsum(0.f);
   for (; t + kLanes <= hi; t += kLanes) {
     const Vec p = (Vec::loadu(s + t) - vtop).exp();
@@ -85,16 +111,27 @@ inline void attend_page(const float* qg, RowState& row, const T* k_page, const T
   }
   float* a = row.acc;
   const Vec vrescale(rescale);
-  for (int64_t c = 0; c < chunks; ++c) {
-    Vec r0 = Vec::loadu(a + c * kLanes) * vrescale;
-    Vec r1(0.f);
-    int64_t u = lo;
-    for (; u + 1 < hi; u += 2) {
-      r0 = at::vec::fmadd(Vec(s[u]), load_float(v_page + u * token_stride + c * kLanes), r0);
-      r1 = at::vec::fmadd(Vec(s[u + 1]), load_float(v_page + (u + 1) * token_stride + c * kLanes), r1);
+  if constexpr (kChunks == 8) {  // the whole accumulator row in registers, each weight broadcast once
+    Vec r[8];
+    for (int c = 0; c < 8; ++c) r[c] = Vec::loadu(a + c * kLanes) * vrescale;
+    for (int64_t u = lo; u < hi; ++u) {
+      const Vec w(s[u]);
+      const T* v = v_page + u * token_stride;
+      for (int c = 0; c < 8; ++c) r[c] = at::vec::fmadd(w, load_float(v + c * kLanes), r[c]);
     }
-    if (u < hi) r0 = at::vec::fmadd(Vec(s[u]), load_float(v_page + u * token_stride + c * kLanes), r0);
-    (r0 + r1).store(a + c * kLanes);
+    for (int c = 0; c < 8; ++c) r[c].store(a + c * kLanes);
+  } else {
+    for (int64_t c = 0; c < chunks; ++c) {
+      Vec r0 = Vec::loadu(a + c * kLanes) * vrescale;
+      Vec r1(0.f);
+      int64_t u = lo;
+      for (; u + 1 < hi; u += 2) {
+        r0 = at::vec::fmadd(Vec(s[u]), load_float(v_page + u * token_stride + c * kLanes), r0);
+        r1 = at::vec::fmadd(Vec(s[u + 1]), load_float(v_page + (u + 1) * token_stride + c * kLanes), r1);
+      }
+      if (u < hi) r0 = at::vec::fmadd(Vec(s[u]), load_float(v_page + u * token_stride + c * kLanes), r0);
+      (r0 + r1).store(a + c * kLanes);
+    }
   }
   for (int64_t d = chunks * kLanes; d < head_dim; ++d) {
     float x = a[d] * rescale;
