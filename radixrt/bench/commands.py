@@ -5,6 +5,7 @@
     radixrt bench offline --workload sharegpt --turns 3 --num-prompts 32
     radixrt bench offline --workload tree --num-prompts 4 --branches 3 --depth 2
     radixrt bench serving --url http://127.0.0.1:30000 --workload sharegpt --num-prompts 200
+    radixrt bench serving --url http://127.0.0.1:30000 --worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002
     radixrt bench decode --dtypes bfloat16,float32 --batch-sizes 1,32
     radixrt bench vllm --vllm-python /tmp/radixrt-peers/venv-vllm/bin/python --workloads a:nocache,b:cache
 """
@@ -73,6 +74,9 @@ def add_bench_parser(commands) -> None:
     srv.add_argument("--model", default=None, help="tokenizer for sharegpt (default: the server's model)")
     srv.add_argument("--max-concurrency", type=int, default=64)
     srv.add_argument("--timeout", type=float, default=600.0)
+    srv.add_argument("--worker-urls", nargs="+", default=None,
+                     help="the radixrt workers behind a router at --url, for per-worker cache stats "
+                          "(default: the router's own worker list, or --url itself when it is one server)")
     srv.set_defaults(run=_serving)
 
     dec = sub.add_parser("decode", help="decode tokens/s at fixed batch sizes: our forward vs transformers")
@@ -196,11 +200,14 @@ def _offline(args) -> int:
 def _serving(args) -> int:
     import httpx
 
-    from radixrt.bench.serving import run_serving
+    from radixrt.bench.serving import run_serving_workers
+    from radixrt.bench.workers import format_workers, router_workers, total
 
     ctx = machine()
     ctx["url"] = args.url
-    info = httpx.get(args.url.rstrip("/") + "/get_model_info", timeout=30).json()
+    workers = args.worker_urls or router_workers(args.url) or [args.url]
+    ctx["workers"] = workers
+    info = httpx.get(workers[0].rstrip("/") + "/get_model_info", timeout=30).json()
     tokenizer = None
     vocab = info.get("vocab_size") or 49152
     if args.workload == "sharegpt":
@@ -213,9 +220,18 @@ def _serving(args) -> int:
         return 2
     workload = build_workload(args, tokenizer, vocab)
     ctx["workload"] = {"name": workload.name, **workload.params, "requests": workload.num_requests}
-    summary = run_serving(args.url, workload, args.max_concurrency, args.timeout, not args.no_progress)
+    summary, stats = run_serving_workers(args.url, workload, workers, args.max_concurrency, args.timeout,
+                                         not args.no_progress)
     _print_context(ctx)
-    return _finish([summary], args, ctx)
+    ctx["worker_stats"] = [s.to_dict() for s in stats] + [total(stats).to_dict()]
+    print(format_workers(stats))
+    unsent = workload.num_requests - summary.requests
+    print(f"failed requests: {summary.failed} (of {summary.requests} sent; {unsent} later turns not sent)")
+    if total(stats).requests != summary.requests - summary.failed:
+        print(f"warning: the workers count {total(stats).requests} finished requests, the bench "
+              f"{summary.requests - summary.failed} (other clients, or workers missing from the list)")
+    code = _finish([summary], args, ctx)
+    return code if unsent == 0 else 1
 
 
 def _decode(args) -> int:

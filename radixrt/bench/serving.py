@@ -4,6 +4,10 @@ Requests go to the native ``/generate`` with ``stream: true`` and token ids (``i
 chunk carries the cumulative text and ``meta_info`` (completion and cached token counts); the stream ends with
 ``data: [DONE]``. Conversations run concurrently (at most ``max_concurrency``), turns of one conversation in
 order, each re-sending the conversation so far with the server's own earlier output ids.
+
+``url`` may be a sglang-router in front of several workers (it forwards ``/generate``). With ``worker_urls``
+(the workers behind it, or the one server itself) ``run_serving_workers`` also reads each worker's ``/metrics``
+before and after the run and returns what each served: requests, prompt tokens, cached tokens, hit rate.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import time
 
 from radixrt.bench.report import RequestRecord, Summary, itl_from_chunks, summarize
+from radixrt.bench.workers import WorkerStats, deltas_after, read_counters
 from radixrt.bench.workloads import Workload, prompt_of
 
 
@@ -89,3 +94,13 @@ def run_serving(url: str, workload: Workload, max_concurrency: int = 64, timeout
                 progress: bool = True, label: str = "server") -> Summary:
     records, seconds = asyncio.run(_run(url, workload, max_concurrency, timeout, progress))
     return summarize(label, records, seconds)
+
+
+def run_serving_workers(url: str, workload: Workload, worker_urls: list[str], max_concurrency: int = 64,
+                        timeout: float = 600.0, progress: bool = True,
+                        label: str = "server") -> tuple[Summary, list[WorkerStats]]:
+    """``run_serving`` plus each worker's counters over the run (``worker_urls`` must be radixrt servers)."""
+    before = [read_counters(u) for u in worker_urls]
+    summary = run_serving(url, workload, max_concurrency, timeout, progress, label)
+    finished = summary.requests - summary.failed
+    return summary, deltas_after(before, finished)
