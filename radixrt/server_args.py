@@ -41,6 +41,7 @@ class ServerArgs:
     nnodes: int = field(default=1, metadata={"help": "nodes the tensor-parallel ranks span (tp_size / nnodes ranks on each)"})
     node_rank: int = field(default=0, metadata={"help": "this node's index; nodes other than 0 run model ranks only (no HTTP)"})
     dist_init_addr: str | None = field(default=None, metadata={"help": "HOST:PORT where the ranks meet (node 0's address; default: a free local port)"})
+    dp_size: int = field(default=1, metadata={"help": "data-parallel replicas: N > 1 starts N servers behind sglang-router's cache_aware policy (docs/SCALING.md)"})
     host: str = field(default="127.0.0.1", metadata={"help": "HTTP host"})
     port: int = field(default=30000, metadata={"help": "HTTP port"})
     served_model_name: str | None = field(default=None, metadata={"help": "model name reported by /v1/models"})

@@ -106,6 +106,7 @@ def default_tp1(default_model_path) -> list[list[int]]:
     ({"nnodes": 2, "tp_size": 3, "dist_init_addr": "127.0.0.1:1234"}, "does not split over 2 nodes"),
     ({"nnodes": 2, "tp_size": 2}, "need --dist-init-addr"),
     ({"tp_size": 2, "dist_init_addr": "nohost"}, "HOST:PORT"),
+    ({"dp_size": 2}, "an Engine is one replica"),  # the Engine path; `radixrt serve` hands dp_size > 1 to dp_launch
 ])
 def test_distributed_options_that_cannot_work_are_refused(changes, message):
     with pytest.raises(ValueError, match=message):

@@ -16,6 +16,9 @@ def parse_addr(addr: str) -> tuple[str, int]:
 
 def check_dist_args(args: ServerArgs) -> None:
     """ValueError for distributed options that cannot work together (the model's own checks come later)."""
+    if args.dp_size != 1:  # `radixrt serve` hands dp_size > 1 to radixrt.server.dp_launch before this check
+        raise ValueError(f"dp_size {args.dp_size}: replicas run as `radixrt serve --dp-size N` (behind sglang-router); "
+                         "an Engine is one replica")
     if args.tp_size < 1:
         raise ValueError(f"tp_size must be >= 1, got {args.tp_size}")
     if args.nnodes < 1:

@@ -92,6 +92,10 @@ def serve(args: ServerArgs) -> int:
     from radixrt.distributed.options import check_dist_args
 
     logging.basicConfig(level=logging.INFO, format="[server %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    if args.dp_size != 1:  # replicas behind sglang-router (docs/SCALING.md)
+        from radixrt.server.dp_launch import serve_dp
+
+        return serve_dp(args)
     try:
         check_dist_args(args)
     except ValueError as exc:
