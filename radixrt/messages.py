@@ -15,6 +15,16 @@ import msgspec
 from radixrt.sampling.params import SamplingParams
 
 
+class SessionParams(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's ``session_params``: the open session a request belongs to and where it continues from."""
+
+    id: str
+    rid: str | None = None  # continue after this earlier request of the session (its prompt + output)
+    offset: int | None = None  # keep only this many tokens of that request's context
+    replace: bool | None = None
+    drop_previous_output: bool | None = None
+
+
 class GenerateReq(msgspec.Struct, tag=True):
     rid: str
     input_ids: list[int]
@@ -24,6 +34,8 @@ class GenerateReq(msgspec.Struct, tag=True):
     top_logprobs_num: int = 0
     stream: bool = False
     grammar: tuple[str, str] | None = None  # (kind, spec) of a constrained request
+    priority: int | None = None  # SGLang's request priority (None: the default)
+    session: SessionParams | None = None
 
 
 class AbortReq(msgspec.Struct, tag=True):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from radixrt.messages import GenerateReq
+from radixrt.messages import GenerateReq, SessionParams
 from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.validation import ModelLimits, RequestError, grammar_of, validate_request
 
@@ -63,6 +63,8 @@ class Prepared:
     return_logprob: bool = False
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
+    priority: int | None = None
+    session: SessionParams | None = None
 
     @property
     def num_sequences(self) -> int:
@@ -142,6 +144,8 @@ def expand(prepared: Prepared, new_rid: Callable[[], str], rids: list[str] | Non
                 logprob_start_len=-1 if prepared.logprob_start_len is None else prepared.logprob_start_len,
                 top_logprobs_num=prepared.top_logprobs_num or 0,
                 grammar=grammar_of(q),
+                priority=prepared.priority,
+                session=prepared.session,
             ))
     if rids is not None:
         if len(rids) != len(messages):
