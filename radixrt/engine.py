@@ -136,10 +136,11 @@ class Engine:
     # ----- requests -----------------------------------------------------------------------------------
 
     def _prepare(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: bool,
-                 logprob_start_len: int | None, top_logprobs_num: int | None) -> Prepared:
+                 logprob_start_len: int | None, top_logprobs_num: int | None, priority: int | None = None,
+                 session_params: dict | None = None) -> Prepared:
         return prepare(prompt, sampling_params, input_ids, encode=self.tokenizer.encode, limits=self.scheduler.limits,
                        return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                       top_logprobs_num=top_logprobs_num)
+                       top_logprobs_num=top_logprobs_num, priority=priority, session_params=session_params)
 
     def _check_alive(self) -> None:
         if self._error is not None:
@@ -170,9 +171,11 @@ class Engine:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         stream: bool = False,
+        priority: int | None = None,
+        session_params: dict | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         prepared = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                 top_logprobs_num)
+                                 top_logprobs_num, priority, session_params)
         if stream and (prepared.batched or prepared.num_sequences != 1):
             raise ValueError("stream=True takes one prompt with n=1")
         submitted = self._submit_all(prepared)
@@ -233,10 +236,12 @@ class Engine:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         stream: bool = False,
+        priority: int | None = None,
+        session_params: dict | None = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         loop = asyncio.get_running_loop()
         prepared = self._prepare(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                 top_logprobs_num)
+                                 top_logprobs_num, priority, session_params)
         if stream and (prepared.batched or prepared.num_sequences != 1):
             raise ValueError("stream=True takes one prompt with n=1")
         submitted = self._submit_all(prepared, loop)

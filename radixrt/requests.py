@@ -5,6 +5,7 @@ OpenAI routes (their prompts tokenized and fields mapped to sampling-params dict
 prompt, and the logprob options; it checks every sequence with ``validate_request`` before anything is queued.
 ``ClientLimits`` are the server's bounds on what one client may ask (prompt characters, checked before the
 text is tokenized; ``n``; stop strings); the in-process Engine sets none.
+``priority`` and ``session_params`` (SGLang's fields) are checked for shape here and served by the scheduler.
 ``expand`` turns each prompt into ``n`` messages (n > 1: seeds seed, seed+1, ...; the copies share the prompt
 through the prefix cache). Torch-free: the HTTP process runs it.
 """
@@ -81,6 +82,32 @@ def params_from(values: Any) -> SamplingParams:
         raise RequestError(str(exc)) from None
 
 
+MAX_PRIORITY = 2**31 - 1
+
+
+def priority_from(value: Any) -> int | None:
+    """SGLang's ``priority``: an integer (None: the default); RequestError on anything else."""
+    if value is None:
+        return None
+    if type(value) is not int or not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise RequestError(f"priority must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}]")
+    return value
+
+
+def session_from(value: Any) -> SessionParams | None:
+    """SGLang's ``session_params`` ({"id", "rid", "offset", "replace", "drop_previous_output"}) or None."""
+    if value is None or isinstance(value, SessionParams):
+        return value
+    if value == {}:
+        return None  # asks for nothing (SGLang clients send it empty)
+    if not isinstance(value, dict):
+        raise RequestError("session_params must be an object with the session's id")
+    try:
+        return msgspec.convert(value, SessionParams)
+    except msgspec.ValidationError as exc:
+        raise RequestError(f"session_params: {exc}") from None
+
+
 def _token_ids(values: Any) -> list[int]:
     if not isinstance(values, list) or not all(type(t) is int for t in values):
         raise RequestError("input_ids must be a list of token ids or a list of such lists")
@@ -89,8 +116,11 @@ def _token_ids(values: Any) -> list[int]:
 
 def prepare(prompt: Any, sampling_params: Any, input_ids: Any, *, encode: Callable[[str], list[int]],
             limits: ModelLimits, return_logprob: bool = False, logprob_start_len: int | None = None,
-            top_logprobs_num: int | None = None, client_limits: ClientLimits = NO_LIMITS) -> Prepared:
+            top_logprobs_num: int | None = None, client_limits: ClientLimits = NO_LIMITS, priority: Any = None,
+            session_params: Any = None) -> Prepared:
     """Everything cheap is checked before the text is tokenized; then every sequence is validated."""
+    priority = priority_from(priority)
+    session = session_from(session_params)
     if (prompt is None) == (input_ids is None):
         raise RequestError("pass exactly one of text and input_ids")
     texts: list[str] | None = None
@@ -120,7 +150,8 @@ def prepare(prompt: Any, sampling_params: Any, input_ids: Any, *, encode: Callab
         client_limits.check_params(one_params)
     if texts is not None:
         ids = [encode(t) for t in texts]
-    prepared = Prepared(ids, params, batched, return_logprob, logprob_start_len, top_logprobs_num)
+    prepared = Prepared(ids, params, batched, return_logprob, logprob_start_len, top_logprobs_num, priority,
+                        session)
     for one_ids, one_params in zip(ids, params):
         validate_request(one_ids, one_params, limits, return_logprob=return_logprob,
                          logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num)

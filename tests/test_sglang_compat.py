@@ -120,7 +120,7 @@ def test_generate_takes_the_routers_body(http, reference):
 
 
 def test_generate_ignores_fields_that_do_not_change_the_result(http, server, reference):
-    ignored = {"model": "anything", "log_metrics": False, "priority": 3, "data_parallel_rank": 0,
+    ignored = {"model": "anything", "log_metrics": False, "data_parallel_rank": 0,
                "routed_dp_rank": 0, "session_id": "s1", "custom_labels": {"team": "a"}, "routing_key": "k",
                "no_logs": True, "conversation_id": "c", "modalities": ["image"]}
     for _ in range(2):
@@ -128,14 +128,14 @@ def test_generate_ignores_fields_that_do_not_change_the_result(http, server, ref
                                            **ignored})
         assert res.status_code == 200, res.text
         assert res.json()["text"] == reference
-    logged = [line for line in server.lines if "accepted SGLang field 'priority'" in line]
+    logged = [line for line in server.lines if "accepted SGLang field 'routing_key'" in line]
     assert len(logged) == 1, server.output[-2000:]
 
 
 @pytest.mark.parametrize("field,value", [
     ("image_data", "https://example.com/cat.png"), ("input_embeds", [[0.1, 0.2]]), ("lora_path", "adapter"),
     ("custom_logit_processor", "{}"), ("return_hidden_states", True), ("bootstrap_host", "10.0.0.1"),
-    ("session_params", {"id": "s"}), ("token_ids_logprob", [1, 2]), ("return_entropy", True),
+    ("token_ids_logprob", [1, 2]), ("return_entropy", True),
     ("routed_experts_start_len", 2), ("cache_salt", "tenant"),
 ])
 def test_generate_refuses_what_radixrt_cannot_do(http, field, value):

@@ -40,6 +40,8 @@ class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
     top_logprobs_num: int | None = None
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
+    priority: int | None = None
+    session_params: dict | None = None
 
     def sampling_dicts(self) -> dict | list[dict] | None:
         """The sampling params as the JSON-like dicts the runtime's request path takes."""

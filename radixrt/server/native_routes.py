@@ -52,7 +52,7 @@ async def generate(tm: TokenizerManager, request: Request) -> Response:
     body = decode_request(await request.body(), GenerateBody)
     sglang_compat.check(body, sglang_compat.GENERATE)
     prepared = await tm.off_loop(tm.prepare, body.text, body.sampling_dicts(), body.input_ids, body.return_logprob,
-                                 body.logprob_start_len, body.top_logprobs_num)
+                                 body.logprob_start_len, body.top_logprobs_num, body.priority, body.session_params)
     rids = None if body.rid is None else ([body.rid] if isinstance(body.rid, str) else body.rid)
     if body.stream and (prepared.batched or prepared.num_sequences != 1):
         raise RequestError("stream=True takes one prompt with n=1")

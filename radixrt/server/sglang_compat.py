@@ -18,7 +18,6 @@ from radixrt.scheduler.validation import RequestError
 
 ONE_MODEL = Ignored("a radixrt server serves one model")
 ONE_RANK = Ignored("a radixrt server is one data-parallel rank; the router picks the worker")
-NO_PRIORITY = Ignored("radixrt's scheduler has no request priorities; they would not change any output")
 LOGGING = Ignored("a logging or metrics switch; it does not change the output")
 SESSION_ID = Ignored("a session's identity; it does not change the prompt")
 PD = Unsupported("prefill-decode disaggregation")
@@ -34,7 +33,6 @@ REASONING = Unsupported("reasoning control (radixrt has no reasoning parser)")
 _SHARED: dict[str, Rule] = {
     "data_parallel_rank": ONE_RANK,
     "routed_dp_rank": ONE_RANK,
-    "priority": NO_PRIORITY,
     "session_id": SESSION_ID,
     "custom_labels": LOGGING,
     "lora_path": LORA,
@@ -57,7 +55,7 @@ _SHARED: dict[str, Rule] = {
 }
 
 GENERATE: dict[str, Rule] = {
-    **_SHARED,
+    **{k: v for k, v in _SHARED.items() if k not in ("priority", "session_params")},  # served: native_protocol
     "model": ONE_MODEL,
     "log_metrics": LOGGING,
     "no_logs": LOGGING,

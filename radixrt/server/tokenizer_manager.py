@@ -265,13 +265,15 @@ class TokenizerManager:
         return ClientLimits.of_server(self.args, self.ready.context_length)
 
     def prepare(self, prompt: Any, sampling_params: Any, input_ids: Any, return_logprob: bool = False,
-                logprob_start_len: int | None = None, top_logprobs_num: int | None = None) -> Prepared:
+                logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+                priority: int | None = None, session_params: Any = None) -> Prepared:
         """The one request path of every route (radixrt.requests.prepare) with this server's limits: exactly one
         of text and input_ids; one params dict or one per prompt; every sequence validated with its logprob
         options. Blocking (it tokenizes text): call it through ``off_loop``."""
         return prepare(prompt, sampling_params, input_ids, encode=self.encode, limits=self.limits,
                        return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                       top_logprobs_num=top_logprobs_num, client_limits=self.client_limits)
+                       top_logprobs_num=top_logprobs_num, client_limits=self.client_limits, priority=priority,
+                       session_params=session_params)
 
     # ----- submitting ---------------------------------------------------------------------------------
 
