@@ -26,6 +26,7 @@ class ServerArgs:
     context_length: int | None = field(default=None, metadata={"help": "maximum prompt + output tokens (default: the model's)"})
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch or triton"})
     schedule_policy: str = field(default="lpm", metadata={"help": "lpm, dfs-weight or fcfs"})
+    schedule_low_priority_values_first: bool = field(default=False, metadata={"help": "a request's smaller priority value is the more urgent (default: the larger, as SGLang)"})
     chunked_prefill_size: int = field(default=2048, metadata={"help": "prefill tokens per step (chunked prefill)"})
     enable_mixed_chunk: bool = field(default=False, metadata={"help": "decode in the same steps as prefill chunks (default: prefill first)"})
     max_running_requests: int = field(default=64, metadata={"help": "requests decoded together at most"})
@@ -36,6 +37,11 @@ class ServerArgs:
     random_seed: int = field(default=0, metadata={"help": "seeds the sampling of requests that give no seed: the same requests in the same order sample the same tokens"})
     debug_checks: bool = field(default=False, metadata={"help": "check cache and page invariants after every step"})
     log_interval: float = field(default=10.0, metadata={"help": "seconds between stats log lines (0: off)"})
+    # ----- sessions (/open_session, session_params; docs/FEATURES.md) -----
+    session_max_pages: int | None = field(default=None, metadata={"help": "KV pages one session may pin in the prefix cache (its context's first pages; 0: none; default: no cap of its own)"})
+    sessions_max_pages: int | None = field(default=None, metadata={"help": "KV pages all sessions may pin together; beyond it the least recently used sessions lose their pins (default: no cap; pins always yield to requests that need the room)"})
+    session_timeout: float | None = field(default=None, metadata={"help": "close a session idle this many seconds (default: never)"})
+    max_open_sessions: int = field(default=1024, metadata={"help": "open sessions at most (more are refused)"})
     # ----- tensor parallelism (docs/SCALING.md) -----
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks: each holds 1/N of the heads and MLP (gloo on a CPU, NCCL on CUDA)"})
     nnodes: int = field(default=1, metadata={"help": "nodes the tensor-parallel ranks span (tp_size / nnodes ranks on each)"})
@@ -58,6 +64,9 @@ class ServerArgs:
     max_stop_string_chars: int = field(default=256, metadata={"help": "longest stop string in characters"})
     max_messages: int = field(default=1024, metadata={"help": "most messages in one chat request"})
     max_tools: int = field(default=128, metadata={"help": "most tools in one chat request"})
+    # ----- tool calling (docs/FEATURES.md) -----
+    tool_call_parser: str = field(default="auto", metadata={"help": "tool-call format: auto (from the chat template), hermes (also qwen25, qwen3), llama3, mistral"})
+    disable_tool_call_constraints: bool = field(default=False, metadata={"help": "let the model write tool calls freely instead of under each tool's JSON schema"})
     log_requests: bool = field(default=False, metadata={"help": "log each request's prompt and output text (off: sizes and timings only)"})
 
     SECRETS = ("api_key", "admin_api_key")

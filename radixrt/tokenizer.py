@@ -25,10 +25,14 @@ def eos_token_ids(model_path: Path, tokenizer) -> set[int]:
     return ids
 
 
-def apply_chat_template(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+def apply_chat_template(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                        tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """``tools``: OpenAI tool definitions for a template that renders them (transformers' ``tools=``)."""
     if not tokenizer.chat_template:
         raise ValueError("this model's tokenizer has no chat template")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    extra = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **extra)
     return tokenizer.encode(text, add_special_tokens=False)
 
 

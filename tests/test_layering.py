@@ -31,6 +31,7 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("radixrt.messages", ("radixrt.sampling.params",)),
     ("radixrt.detokenize", ("radixrt.messages",)),
     ("radixrt.scheduler.validation", ("radixrt.sampling.params", "radixrt.constrained.patterns")),
+    ("radixrt.tools", ("radixrt.tools", "radixrt.scheduler.validation", "radixrt.constrained.patterns")),
     ("radixrt.requests", ("radixrt.messages", "radixrt.sampling.params", "radixrt.scheduler.validation")),
     ("radixrt.distributed", ("radixrt.distributed", "radixrt.model", "radixrt.server_args")),
     ("radixrt.scheduler", ("radixrt.scheduler", "radixrt.memory", "radixrt.model", "radixrt.sampling",

@@ -8,6 +8,7 @@
     radixrt bench serving --url http://127.0.0.1:30000 --worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002
     radixrt bench decode --dtypes bfloat16,float32 --batch-sizes 1,32
     radixrt bench vllm --vllm-python /tmp/radixrt-peers/venv-vllm/bin/python --workloads a:nocache,b:cache
+    radixrt bench tools --num-prompts 50 --tool-choice required
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 def add_bench_parser(commands) -> None:
     """Add `bench` with its subcommands to the CLI's subparsers."""
-    bench = commands.add_parser("bench", help="benchmarks: offline (Engine), serving (HTTP), decode, vllm")
+    bench = commands.add_parser("bench", help="benchmarks: offline (Engine), serving (HTTP), decode, vllm, tools")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     off = sub.add_parser("offline", help="a workload through the in-process Engine")
@@ -92,6 +93,13 @@ def add_bench_parser(commands) -> None:
     from radixrt.bench.vs_vllm import add_vllm_parser
 
     add_vllm_parser(sub)
+
+    from radixrt.bench.tool_calls import add_arguments as add_tool_call_arguments
+    from radixrt.bench.tool_calls import run as run_tool_calls
+
+    tools = sub.add_parser("tools", help="tool calls' validity through the openai client, constrained vs not")
+    add_tool_call_arguments(tools)
+    tools.set_defaults(run=run_tool_calls)
 
 
 def machine() -> dict:

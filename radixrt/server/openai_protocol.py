@@ -1,6 +1,6 @@
 """OpenAI-compatible request schemas (msgspec, unknown fields refused) and the checks that need no tokenizer.
 
-``check_chat`` and ``check_completion`` refuse what the runtime does not serve (tools, suffix, ...) and
+``check_chat`` and ``check_completion`` refuse what the runtime does not serve (suffix, logit_bias, ...) and
 return the messages or prompts to tokenize; ``sampling_dict`` maps a request onto radixrt sampling params
 (SGLang's names), which then go through the runtime's own request path (radixrt.requests.prepare).
 Extensions accepted beside OpenAI's fields (as SGLang and vLLM do): top_k, min_p, repetition_penalty,
@@ -59,6 +59,7 @@ class _Common(_SGLangExtras, forbid_unknown_fields=True, kw_only=True):
     regex: str | None = None
     json_schema: str | None = None
     rid: str | list[str] | None = None
+    priority: int | None = None  # SGLang's request priority (checked by radixrt.requests.prepare)
 
     def rids(self) -> list[str] | None:
         return None if self.rid is None else ([self.rid] if isinstance(self.rid, str) else list(self.rid))
@@ -112,12 +113,10 @@ def check_chat_limits(req: ChatCompletionRequest, max_messages: int, max_tools: 
     limits.check_chars(chars, "the messages")
 
 
-def check_chat(req: ChatCompletionRequest, max_messages: int, max_tools: int, limits: Any) -> list[dict[str, str]]:
+def check_chat(req: ChatCompletionRequest, max_messages: int, max_tools: int, limits: Any) -> list[dict[str, Any]]:
     """Everything about a chat request that needs no tokenizer; returns the messages for the chat template."""
     check_common(req)
     check_chat_limits(req, max_messages, max_tools, limits)
-    if req.tools or req.tool_choice not in (None, "none"):
-        raise RequestError("tools are not supported")
     if req.top_logprobs is not None:
         if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
@@ -191,8 +190,10 @@ def sampling_dict(req: _Common, max_new_tokens: int) -> dict[str, Any]:
     return out
 
 
-def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """Validate and flatten OpenAI messages (text content parts are joined) for the chat template."""
+def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Validate and flatten OpenAI messages (text content parts are joined) for the chat template. An assistant
+    message keeps its ``tool_calls`` and a tool result its ``tool_call_id`` and ``name``, for
+    radixrt.server.openai_tools (which checks them)."""
     if not messages:
         raise RequestError("messages must be a non-empty list")
     out = []
@@ -212,5 +213,12 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
             content = ""
         elif not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string or a list of text parts")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        message: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
+        for key in _TOOL_KEYS.get(role, ()):
+            if m.get(key) is not None:
+                message[key] = m[key]
+        out.append(message)
     return out
+
+
+_TOOL_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id", "name")}

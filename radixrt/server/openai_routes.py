@@ -4,12 +4,14 @@ A call is decoded (radixrt.server.openai_protocol), checked without the tokenize
 template, or each text prompt) off the event loop and handed to the runtime's one request path,
 ``TokenizerManager.prepare`` (radixrt.requests.prepare: sampling params, the server's limits, every
 sequence validated), exactly as /generate is. ``n`` samples of each prompt become ``n`` requests; choice
-``i`` is request ``i``. Answers and stream chunks are built by radixrt.server.openai_responses.
+``i`` is request ``i``. Answers and stream chunks are built by radixrt.server.openai_responses. Chat requests
+with tools are planned by radixrt.server.openai_tools (prompt, constraint) and their answers parsed into calls.
 """
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -29,13 +31,30 @@ from radixrt.server.http_common import (
     sse,
 )
 from radixrt.server.openai_responses import OpenAIAnswer, StreamCursor, now
+from radixrt.server.openai_tools import ToolPlan, plan_tools, template_messages, tool_format
 from radixrt.server.tokenizer_manager import ReqState, TokenizerManager
 from radixrt.tokenizer import apply_chat_template
+from radixrt.tools.formats import ToolCallFormat
+
+
+@dataclass(frozen=True)
+class ServerTools:
+    """How this server calls tools: its format, whether the template renders tools, whether calls are
+    constrained."""
+
+    fmt: ToolCallFormat
+    native: bool
+    constrained: bool
+
+    @classmethod
+    def of(cls, tm: TokenizerManager) -> "ServerTools":
+        fmt, native = tool_format(tm.args.tool_call_parser, getattr(tm.tokenizer, "chat_template", None))
+        return cls(fmt, native, not tm.args.disable_tool_call_constraints)
 
 
 def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
     route(app, "/v1/models", ["GET"], models, tm)
-    route(app, "/v1/chat/completions", ["POST"], chat_completions, tm)
+    route(app, "/v1/chat/completions", ["POST"], chat_completions, tm, ServerTools.of(tm))
     route(app, "/v1/completions", ["POST"], completions, tm)
 
 
@@ -54,14 +73,14 @@ async def models(tm: TokenizerManager, request: Request) -> Response:
         "root": info["model_path"], "max_model_len": info["context_length"]}]})
 
 
-async def chat_completions(tm: TokenizerManager, request: Request) -> Response:
+async def chat_completions(tm: TokenizerManager, tools: ServerTools, request: Request) -> Response:
     req = decode_request(await request.body(), oai.ChatCompletionRequest)
     model = served_model(tm, req.model)
     messages = oai.check_chat(req, tm.args.max_messages, tm.args.max_tools, tm.client_limits)
-    prepared = await tm.off_loop(_prepare_chat, tm, req, messages)
+    prepared, plan = await tm.off_loop(_prepare_chat, tm, tools, req, messages)
     states = tm.submit_all(prepared, req.rids())
     answer = OpenAIAnswer(chat=True, model=model, n=req.n, want_logprobs=req.logprobs, token_text=tm.token_text,
-                          include_usage=_include_usage(req))
+                          include_usage=_include_usage(req), tool_format=plan.fmt if plan is not None else None)
     return await _respond(request, tm, states, answer, req.stream)
 
 
@@ -85,18 +104,24 @@ def _include_usage(req: oai.ChatCompletionRequest | oai.CompletionRequest) -> bo
 # ----- to the request path (run off the event loop) ---------------------------------------------------
 
 
-def _prepare_chat(tm: TokenizerManager, req: oai.ChatCompletionRequest, messages: list[dict[str, str]]
-                  ) -> Prepared:
+def _prepare_chat(tm: TokenizerManager, tools: ServerTools, req: oai.ChatCompletionRequest,
+                  messages: list[dict[str, Any]]) -> tuple[Prepared, ToolPlan | None]:
+    plan = plan_tools(req, tools.fmt, tools.native, tools.constrained)
+    messages = template_messages(messages, plan, tools.fmt, tools.native)
     try:
-        ids = apply_chat_template(tm.tokenizer, messages)
+        ids = apply_chat_template(tm.tokenizer, messages, tools=plan.template_tools() if plan is not None else None)
     except Exception as exc:  # template errors (e.g. roles out of order) are the client's
         raise RequestError(f"cannot apply the chat template: {exc}") from None
     max_new = oai.chat_max_new_tokens(req)
     if max_new is None:
         max_new = tm.max_new_tokens_default(len(ids))
     top = (req.top_logprobs or 0) if req.logprobs else 0
-    return tm.prepare(None, [oai.sampling_dict(req, max_new)], [ids], return_logprob=bool(req.logprobs),
-                      top_logprobs_num=top)
+    sampling = oai.sampling_dict(req, max_new)
+    if plan is not None:
+        sampling.update(plan.sampling_fields(req.skip_special_tokens))
+    prepared = tm.prepare(None, [sampling], [ids], return_logprob=bool(req.logprobs), top_logprobs_num=top,
+                          priority=req.priority)
+    return prepared, plan
 
 
 def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompts: list[str | list[int]]
@@ -111,7 +136,7 @@ def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompt
     sampling = [oai.sampling_dict(req, tm.max_new_tokens_default(len(one)) if max_new is None else max_new)
                 for one in ids]
     return tm.prepare(None, sampling, ids, return_logprob=req.logprobs is not None,
-                      top_logprobs_num=req.logprobs or 0)
+                      top_logprobs_num=req.logprobs or 0, priority=req.priority)
 
 
 # ----- answers ----------------------------------------------------------------------------------------

@@ -1,0 +1,153 @@
+r"""Regex pieces of the tool-call constraints (outlines-core / Rust regex syntax, also valid for Python's ``re``).
+
+- ``arguments_regex``: a tool's arguments under its JSON schema (radixrt.constrained.patterns), cached.
+- ``text_without(marker, before_marker)``: any text that does not contain ``marker``; with ``before_marker``,
+  also the text may be followed by the marker without the marker occurring earlier (a text ending in a
+  border of the marker would make the marker start sooner). Built mechanically: the marker's KMP automaton
+  (radixrt.tools.markers, the parser's own) with the marker's last step removed, turned into a regex by state
+  elimination.
+- ``not_starting_with(words)``: any text that, after JSON whitespace, does not begin with one of ``words``.
+Characters are escaped for both engines: ``<`` and ``>`` stay bare (``\<`` is a word boundary in Rust).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from radixrt.constrained.patterns import escape, json_schema_regex
+from radixrt.tools.markers import failure_table, next_state
+from radixrt.tools.scan import WHITESPACE
+
+ANY = r"[\s\S]"
+WS_CLASS = "[ \\t\\n\\r]"
+
+
+def alternation(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
+
+
+def char_class(chars: set[str], negate: bool = False) -> str:
+    body = "".join(_class_char(c) for c in sorted(chars))
+    if not negate and len(chars) == 1:
+        return escape(next(iter(chars)))
+    return "[" + ("^" if negate else "") + body + "]"
+
+
+def _class_char(c: str) -> str:
+    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c) or ("\\" + c if c in "\\]^-[&~" else c)
+
+
+@lru_cache(maxsize=256)
+def _schema_regex(schema_json: str, json_whitespace: str) -> str:
+    return json_schema_regex(json.loads(schema_json), json_whitespace)
+
+
+def arguments_regex(tool, json_whitespace: str = "") -> str:
+    """The JSON text of ``tool``'s arguments under its schema; ValueError when it does not compile."""
+    return "(" + _schema_regex(json.dumps(tool.parameters, sort_keys=False), json_whitespace) + ")"
+
+
+# ---------------------------------------------------------------- text without a marker
+
+def _concat(*parts: str | None) -> str:
+    return "".join(p for p in parts if p)
+
+
+def _alt(a: str | None, b: str) -> str:
+    if a is None:
+        return b
+    if a == "" and b == "":
+        return ""
+    if a == "":
+        return f"({b})?"
+    if b == "":
+        return f"({a})?"
+    return f"({a}|{b})"
+
+
+def _star(loop: str | None) -> str:
+    return f"({loop})*" if loop else ""
+
+
+def _eliminate(n: int, edges: dict[tuple[int, int], str], finals: list[int]) -> str:
+    """Regex of the paths from state 0 to any of ``finals`` of an automaton with states 0..n-1 (labels
+    are regexes; "" is the empty word), by state elimination."""
+    start, final = n, n + 1
+    graph = dict(edges)
+    graph[(start, 0)] = ""
+    for f in finals:
+        graph[(f, final)] = _alt(graph.get((f, final)), "")
+    for q in reversed(range(n)):
+        loop = graph.pop((q, q), None)
+        ins = [(p, label) for (p, r), label in graph.items() if r == q]
+        outs = [(r, label) for (p, r), label in graph.items() if p == q]
+        for p, _ in ins:
+            del graph[(p, q)]
+        for r, _ in outs:
+            del graph[(q, r)]
+        for p, into in ins:
+            for r, out in outs:
+                graph[(p, r)] = _alt(graph.get((p, r)), _concat(into, _star(loop), out))
+    return graph.get((start, final), "")
+
+
+@lru_cache(maxsize=32)
+def text_without(marker: str, before_marker: bool = False) -> str:
+    """Regex of the texts without ``marker`` (see the module docstring for ``before_marker``)."""
+    if not marker:
+        raise ValueError("the marker is empty")
+    table = failure_table(marker)
+    m = len(marker)
+    alphabet = sorted(set(marker))
+    edges: dict[tuple[int, int], str] = {}
+    for state in range(m):
+        by_target: dict[int, set[str]] = {}
+        for ch in alphabet:
+            target = next_state(marker, table, state, ch)
+            if target < m:
+                by_target.setdefault(target, set()).add(ch)
+        # every other character (also those outside the marker) goes back to state 0
+        leaving = set(alphabet) - by_target.pop(0, set())
+        labels = {0: char_class(leaving, negate=True) if leaving else ANY}
+        labels.update({t: char_class(chars) for t, chars in by_target.items()})
+        for target, label in labels.items():
+            edges[(state, target)] = label
+    if before_marker:
+        finals = [s for s in range(m) if _marker_first_ends_at_end(marker, table, s)]
+    else:
+        finals = list(range(m))
+    return "(" + _eliminate(m, edges, finals) + ")"
+
+
+def _marker_first_ends_at_end(marker: str, table: list[int], state: int) -> bool:
+    for i, ch in enumerate(marker):
+        state = next_state(marker, table, state, ch)
+        if state == len(marker):
+            return i == len(marker) - 1
+    return False
+
+
+# ---------------------------------------------------------------- text not starting with words
+
+def not_starting_with(words: list[str]) -> str:
+    """Regex of the texts that, after JSON whitespace, do not begin with any of ``words`` (and whose
+    first non-whitespace character is not whitespace-stripped away: the rest is free)."""
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def walk(node: dict, top: bool) -> str:
+        children = {c: sub for c, sub in node.items() if c}
+        excluded = set(children) | (set(WHITESPACE) if top else set())
+        parts = [char_class(excluded, negate=True) + ANY + "*"] if excluded else [ANY + "+"]
+        for ch, sub in sorted(children.items()):
+            if "" in sub:  # a whole word: excluded
+                continue
+            parts.append(escape(ch) + walk(sub, False))
+        return "(" + "|".join(parts) + ")?"
+
+    return WS_CLASS + "*" + walk(trie, True)
