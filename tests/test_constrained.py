@@ -367,6 +367,23 @@ def test_vocabulary_round_trip(compiler, tokenizer, eos_ids):
     assert info.byte_level and info.vocabulary is info.vocabulary
 
 
+def test_plain_added_tokens_are_grammar_tokens(default_model_path, eos_ids):
+    """A non-special added token (Qwen's ``<tool_call>``) is in the grammar vocabulary, spelled by its text, so a
+    grammar asking for that text allows the single token the model writes; special ones stay out."""
+    from radixrt.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(default_model_path)  # a fresh copy: the shared one must not change
+    tok.add_tokens(["<tool_call>"], special_tokens=False)
+    tok.add_tokens(["<secret>"], special_tokens=True)
+    plain, special = tok.convert_tokens_to_ids(["<tool_call>", "<secret>"])
+    info = build_tokenizer_info(tok, eos_ids)
+    assert info.token_bytes[plain] == b"<tool_call>" and info.token_bytes[special] is None
+    grammar = GrammarCompiler(tok, eos_ids, cache_size=1, max_workers=1).compile("regex", "<tool_call>x")
+    matcher = GrammarMatcher(grammar)
+    assert matcher.accept_token(plain)
+    assert matcher.accept_tokens(tok.encode("x", add_special_tokens=False)) and matcher.is_finished()
+
+
 def test_sentencepiece_style_tokens():
     class FakeTokenizer:
         all_special_ids = [0, 2]

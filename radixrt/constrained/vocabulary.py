@@ -8,8 +8,10 @@ Token strings map to bytes in one of two ways:
   (GPT-2's ``bytes_to_unicode`` table); the inverse table gives the bytes back;
 - sentencepiece-style (Llama 2, Mistral): ``▁`` is a space and ``<0xNN>`` is the raw byte NN; other
   characters are their UTF-8 encoding.
-Special and added tokens (``<|im_end|>``, ``<|endoftext|>`` ...) and the eos ids are left out of the
-grammar vocabulary: a grammar never produces them; eos is allowed separately, in accepting states only.
+Special tokens (``<|im_end|>``, ``<|endoftext|>`` ...) and the eos ids are left out of the grammar vocabulary:
+a grammar never produces them; eos is allowed separately, in accepting states only. Added tokens that are not
+special (Qwen's ``<tool_call>``) stand for their text, so they are in it, spelled by that text: a grammar that
+asks for ``<tool_call>`` lets the model write the one token it was trained to write.
 """
 
 from __future__ import annotations
@@ -97,15 +99,24 @@ class TokenizerInfo:
         return b"".join(self.token_bytes[i] or b"" for i in ids if 0 <= i < self.vocab_size)
 
 
+def _plain_added_tokens(tokenizer) -> dict[int, bytes]:
+    """Added tokens that are not special, by id, as the bytes of the text they stand for."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    return {int(i): tok.content.encode("utf-8") for i, tok in decoder.items()
+            if not getattr(tok, "special", True) and int(i) not in special and tok.content}
+
+
 def build_tokenizer_info(tokenizer, eos_token_ids) -> TokenizerInfo:
     eos = tuple(sorted({int(i) for i in eos_token_ids}))
     if not eos:
         raise ValueError("constrained decoding needs at least one eos token id")
     vocab: dict[str, int] = tokenizer.get_vocab()
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    plain_added = _plain_added_tokens(tokenizer)
     added = getattr(tokenizer, "get_added_vocab", None)
     if added is not None:
-        special |= set(added().values())
+        special |= set(added().values()) - set(plain_added)
     special |= set(eos)
     size = max(len(tokenizer), max(vocab.values()) + 1)
     byte_level = _is_byte_level(vocab, special)
@@ -114,7 +125,7 @@ def build_tokenizer_info(tokenizer, eos_token_ids) -> TokenizerInfo:
     for token, token_id in vocab.items():
         if token_id in special:
             continue
-        data = to_bytes(token)
+        data = plain_added[token_id] if token_id in plain_added else to_bytes(token)
         token_bytes[token_id] = data or None
     byte_tokens: dict[int, int] = {}
     first_byte = np.full(size, -1, dtype=np.int16)
