@@ -367,6 +367,25 @@ def test_vocabulary_round_trip(compiler, tokenizer, eos_ids):
     assert info.byte_level and info.vocabulary is info.vocabulary
 
 
+@pytest.mark.parametrize("kind,spec,texts", [
+    ("regex", "a(,b)*", ["a", "a,b", "a,b,b"]),  # a match that goes on through a non-matching prefix
+    ("regex", r"[0-9]+(\.[0-9]+)?", ["3", "3.14"]),
+    ("choices", ["a", "ab", "abc"], ["a", "ab", "abc"]),  # alternatives that are prefixes of each other
+    ("regex", "(x?|xy)", ["", "x", "xy"]),
+    ("json_schema", json.dumps({"type": "integer", "minimum": 0, "maximum": 120}), ["0", "7", "10", "99", "120"]),
+])
+def test_every_string_of_the_language_can_be_written_byte_by_byte(compiler, kind, spec, texts):
+    """outlines-core's index loses strings whose proper prefix is already a match (its DFA reports matches a
+    byte late, and prefers the first alternative): the grammar's end-of-match pseudo-token keeps them all."""
+    grammar = compiler.compile(kind, spec)
+    for text in texts:
+        matcher = GrammarMatcher(grammar)
+        for byte in text.encode():
+            assert matcher.accept_token(grammar.info.byte_tokens[byte]), (text, byte)
+        assert matcher.can_terminate(), text
+        assert not grammar.is_accepting(grammar.initial_state) or "" in texts
+
+
 def test_plain_added_tokens_are_grammar_tokens(default_model_path, eos_ids):
     """A non-special added token (Qwen's ``<tool_call>``) is in the grammar vocabulary, spelled by its text, so a
     grammar asking for that text allows the single token the model writes; special ones stay out."""

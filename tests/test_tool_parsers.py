@@ -230,8 +230,10 @@ def test_the_marker_matcher_releases_what_cannot_start_the_marker():
 
 
 @pytest.mark.parametrize("text,ok", [("", True), ("  ", True), ("hi {", True), ("{", False), ("  {}", False),
-                                     ("<|python_tag|>{", False), ("<|python", True), ("<a", True)])
+                                     ("<|python_tag|>{", False), ("<|python", False), ("<a", False),
+                                     ("a <b", True)])
 def test_llama3_free_text(text, ok):
+    """Free text may not start with a call word's first character (after whitespace)."""
     assert bool(re.fullmatch(not_starting_with(["{", "<|python_tag|>"]), text)) == ok
 
 
@@ -304,20 +306,32 @@ def test_hermes_auto_allows_text_then_calls_but_no_marker_in_text():
 
 
 @pytest.mark.model
-def test_outlines_compiles_auto_and_required_on_the_default_vocabulary(default_model_path):
-    from outlines_core import Index
-
-    from radixrt.constrained.vocabulary import get_tokenizer_info
+def test_compiled_constraints_write_every_call_layout_byte_by_byte(default_model_path):
+    """Through radixrt's grammar (outlines-core's index on the default vocabulary), one call, two calls, and
+    (auto) text alone or text before calls can all be written one byte at a time, and then end."""
+    from radixrt.constrained.grammar import GrammarCompiler
+    from radixrt.constrained.matcher import GrammarMatcher
     from radixrt.tokenizer import eos_token_ids, load_tokenizer
 
     tokenizer = load_tokenizer(default_model_path)
-    vocabulary = get_tokenizer_info(tokenizer, eos_token_ids(default_model_path, tokenizer)).vocabulary
+    compiler = GrammarCompiler(tokenizer, eos_token_ids(default_model_path, tokenizer))
+    one = [("ping", "{}")]
+    two = [("ping", "{}"), ("add", '{"a":5,"b":true}')]
     for family in sorted(FORMATS):
+        fmt = FORMATS[family]
         for mode in ("auto", "required"):
-            regex = FORMATS[family].constraint_regex(TOOLS[:2], ToolChoice(mode), True)
             start = time.perf_counter()
-            Index(regex, vocabulary)
+            grammar = compiler.compile("regex", fmt.constraint_regex(TOOLS, ToolChoice(mode), True))
             assert time.perf_counter() - start < 20, (family, mode)
+            texts = [fmt.render_calls(one), fmt.render_calls(two)]
+            if mode == "auto":
+                texts += ["Hello there."] + (["Let me see.\n" + fmt.render_calls(two)] if family == "hermes" else [])
+            for text in texts:
+                matcher = GrammarMatcher(grammar)
+                for byte in text.encode():
+                    assert matcher.accept_token(grammar.info.byte_tokens[byte]), (family, mode, text)
+                assert matcher.can_terminate(), (family, mode, text)
+    compiler.shutdown()
 
 
 @pytest.mark.parametrize("family,unit", [("hermes", '<tool_call>{"'), ("mistral", '[TOOL_CALLS][{"'), ("llama3", '{"')])

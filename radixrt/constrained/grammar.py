@@ -19,9 +19,24 @@ import numpy as np
 import torch
 
 from radixrt.constrained import patterns
-from radixrt.constrained.vocabulary import TokenizerInfo, get_tokenizer_info
+from radixrt.constrained.vocabulary import END_TEXT, END_TOKEN_ID, TokenizerInfo, get_tokenizer_info
 
 KINDS = patterns.KINDS
+
+
+def end_anchored(regex: str) -> str:
+    """The regex the token index is built from: ``regex`` followed by the end-of-match character.
+
+    outlines-core's index drops a transition that leaves a state where the regex may already end for one
+    where it may not (its DFA reports matches one byte late), and its DFA prefers the first alternative that
+    matches (leftmost-first), dropping longer matches of later ones: ``a(,b)*`` would never produce ``a,b``
+    one byte at a time, nor ``(a|ab)`` produce ``ab``. With an end character that only a pseudo-token spells,
+    the regex may end only after that character, so no state of the text itself is final and both effects
+    are gone; a state accepts where the pseudo-token leads to a final state. Real tokens could still spell
+    the character byte by byte (byte-level vocabularies have a token per byte); ``Grammar`` masks the few
+    tokens that would lead into it.
+    """
+    return f"({regex}){END_TEXT}"
 
 
 class Grammar:
@@ -43,6 +58,8 @@ class Grammar:
         self.initial_state: int = index.get_initial_state()
         self.compile_seconds = 0.0
         self._final = frozenset(index.get_final_states())
+        self._accepting: dict[int, bool] = {}
+        self._dead: dict[int, bool] = {}
         self._rows: dict[int, torch.Tensor] = {}
         self._token_masks: dict[int, tuple[int, torch.Tensor]] = {}
         self._continues: dict[int, bool] = {}
@@ -61,7 +78,25 @@ class Grammar:
         return self.index.get_next_state(state, token_id)
 
     def is_accepting(self, state: int) -> bool:
-        return state in self._final
+        """The text so far is a whole match: the end-of-match pseudo-token leads to a final state."""
+        accepting = self._accepting.get(state)
+        if accepting is None:
+            following = self.index.get_next_state(state, END_TOKEN_ID)
+            accepting = self._accepting[state] = following is not None and following in self._final
+        return accepting
+
+    def _is_dead(self, state: int) -> bool:
+        """Real text cannot go on from ``state`` to a match: it lies inside (or after) the end-of-match
+        character, reached by spelling its bytes with real tokens."""
+        dead = self._dead.get(state)
+        if dead is None:
+            self._dead[state] = False  # provisional, for cycles
+            dead = not self.is_accepting(state) and all(
+                t in self.info.end_fragments and self._is_dead(self.index.get_next_state(state, t))
+                for t in self.index.get_allowed_tokens(state)
+                if t < self.info.vocab_size and t not in self.info.eos_token_ids)
+            self._dead[state] = dead
+        return dead
 
     def has_continuation(self, state: int) -> bool:
         """Whether some non-eos token may follow ``state``."""
@@ -94,10 +129,14 @@ class Grammar:
         allowed = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
         eos = np.isin(allowed, self.info.eos_token_ids)
         tokens = allowed[~eos]
-        tokens = tokens[tokens < self.mask_vocab_size]
+        tokens = tokens[tokens < min(self.mask_vocab_size, self.info.vocab_size)]
+        fragments = [t for t in tokens.tolist() if t in self.info.end_fragments]
+        dead = [t for t in fragments if self._is_dead(self.index.get_next_state(state, t))]
+        if dead:
+            tokens = tokens[~np.isin(tokens, dead)]
         bits = np.zeros(self.words * 32, dtype=bool)
         bits[tokens] = True
-        accepting = state in self._final
+        accepting = self.is_accepting(state)
         if accepting or tokens.size == 0:
             # eos only where the grammar may end (or, defensively, where nothing else is left).
             bits[self._eos_bits] = True
@@ -256,7 +295,7 @@ class GrammarCompiler:
 
         start = time.perf_counter()
         try:
-            index = Index(regex, self.info.vocabulary)
+            index = Index(end_anchored(regex), self.info.vocabulary)
         except BaseException as exc:  # pyo3 may raise its own exception types
             raise ValueError(f"cannot compile {kind} into a token index: {exc}") from None
         grammar = Grammar(kind, key_text, regex, index, self.info, self.vocab_size)

@@ -25,6 +25,11 @@ import numpy as np
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
+# The end of a match: every grammar's regex is compiled followed by END_TEXT, which only the pseudo-token
+# END_TOKEN_ID spells (radixrt.constrained.grammar explains why). U+FFFF is a noncharacter: no text has it.
+END_TEXT = "\uFFFF"
+END_TOKEN_ID = 0x7FFFFFF0
+
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible table from each byte to one printable unicode character."""
@@ -77,6 +82,7 @@ class TokenizerInfo:
     byte_level: bool
     byte_tokens: dict[int, int]  # byte value -> id of the token that is exactly that one byte
     first_byte: np.ndarray  # [vocab_size] int16: first byte of each grammar token, -1 where excluded
+    end_fragments: frozenset[int] = frozenset()  # grammar tokens holding a byte of END_TEXT (few)
     _vocabulary: object = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -91,6 +97,7 @@ class TokenizerInfo:
                 for token_id, data in enumerate(self.token_bytes):
                     if data:
                         by_bytes.setdefault(data, []).append(token_id)
+                by_bytes[END_TEXT.encode("utf-8")] = [END_TOKEN_ID]
                 self._vocabulary = Vocabulary(self.eos_token_ids[0], by_bytes)
             return self._vocabulary
 
@@ -134,6 +141,7 @@ def build_tokenizer_info(tokenizer, eos_token_ids) -> TokenizerInfo:
             first_byte[token_id] = data[0]
             if len(data) == 1:
                 byte_tokens.setdefault(data[0], token_id)
+    end_bytes = set(END_TEXT.encode("utf-8"))
     return TokenizerInfo(
         vocab_size=size,
         token_bytes=token_bytes,
@@ -142,6 +150,7 @@ def build_tokenizer_info(tokenizer, eos_token_ids) -> TokenizerInfo:
         byte_level=byte_level,
         byte_tokens=byte_tokens,
         first_byte=first_byte,
+        end_fragments=frozenset(i for i, data in enumerate(token_bytes) if data and end_bytes & set(data)),
     )
 
 

@@ -6,7 +6,8 @@ r"""Regex pieces of the tool-call constraints (outlines-core / Rust regex syntax
   border of the marker would make the marker start sooner). Built mechanically: the marker's KMP automaton
   (radixrt.tools.markers, the parser's own) with the marker's last step removed, turned into a regex by state
   elimination.
-- ``not_starting_with(words)``: any text that, after JSON whitespace, does not begin with one of ``words``.
+- ``not_starting_with(words)``: any text that, after JSON whitespace, does not begin with the first character
+  of one of ``words``.
 Characters are escaped for both engines: ``<`` and ``>`` stay bare (``\<`` is a word boundary in Rust).
 """
 
@@ -19,7 +20,10 @@ from radixrt.constrained.patterns import escape, json_schema_regex
 from radixrt.tools.markers import failure_table, next_state
 from radixrt.tools.scan import WHITESPACE
 
-ANY = r"[\s\S]"
+# Any character but the grammar's end-of-match one (radixrt.constrained.grammar.end_anchored): free text that
+# could also spell the end would make the token index explode.
+END = "\uFFFF"
+ANY = "[^" + END + "]"
 WS_CLASS = "[ \\t\\n\\r]"
 
 
@@ -28,6 +32,8 @@ def alternation(parts: list[str]) -> str:
 
 
 def char_class(chars: set[str], negate: bool = False) -> str:
+    if negate:
+        chars = chars | {END}
     body = "".join(_class_char(c) for c in sorted(chars))
     if not negate and len(chars) == 1:
         return escape(next(iter(chars)))
@@ -131,23 +137,8 @@ def _marker_first_ends_at_end(marker: str, table: list[int], state: int) -> bool
 # ---------------------------------------------------------------- text not starting with words
 
 def not_starting_with(words: list[str]) -> str:
-    """Regex of the texts that, after JSON whitespace, do not begin with any of ``words`` (and whose
-    first non-whitespace character is not whitespace-stripped away: the rest is free)."""
-    trie: dict = {}
-    for word in words:
-        node = trie
-        for ch in word:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-
-    def walk(node: dict, top: bool) -> str:
-        children = {c: sub for c, sub in node.items() if c}
-        excluded = set(children) | (set(WHITESPACE) if top else set())
-        parts = [char_class(excluded, negate=True) + ANY + "*"] if excluded else [ANY + "+"]
-        for ch, sub in sorted(children.items()):
-            if "" in sub:  # a whole word: excluded
-                continue
-            parts.append(escape(ch) + walk(sub, False))
-        return "(" + "|".join(parts) + ")?"
-
-    return WS_CLASS + "*" + walk(trie, True)
+    """Regex of the texts that, after JSON whitespace, do not begin with the first character of any of
+    ``words`` (a stricter rule than "not with the words": a trie of the words' prefixes, each ending in free
+    text, makes outlines-core's DFA explode once the regex is end-anchored)."""
+    firsts = {w[0] for w in words if w}
+    return WS_CLASS + "*(" + char_class(firsts | set(WHITESPACE), negate=True) + ANY + "*)?"
