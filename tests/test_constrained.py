@@ -386,6 +386,28 @@ def test_every_string_of_the_language_can_be_written_byte_by_byte(compiler, kind
         assert not grammar.is_accepting(grammar.initial_state) or "" in texts
 
 
+def test_closing_token_finishes_a_match_within_the_budget(compiler):
+    schema = {"type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["text", "n"]}
+    grammar = compiler.compile("json_schema", json.dumps(schema))
+    matcher = GrammarMatcher(grammar)
+    out = b'{"text":"once upon a time'
+    for byte in out:
+        assert matcher.accept_token(grammar.info.byte_tokens[byte])
+    length, first = grammar.closing(matcher.state)
+    assert length == len('","n":0}') and first == grammar.info.byte_tokens[ord('"')]
+    assert matcher.closing_token(length + 1) is None  # room left: the model writes what it wants
+    budget = length
+    while not matcher.can_terminate():
+        token = matcher.closing_token(budget)
+        assert token is not None and matcher.accept_token(token)
+        out += grammar.info.token_bytes[token]
+        budget -= 1
+    assert budget == 0
+    jsonschema.validate(json.loads(out), schema)
+    assert grammar.closing(grammar.initial_state)[0] == len('{"text":"","n":0}')
+
+
 def test_plain_added_tokens_are_grammar_tokens(default_model_path, eos_ids):
     """A non-special added token (Qwen's ``<tool_call>``) is in the grammar vocabulary, spelled by its text, so a
     grammar asking for that text allows the single token the model writes; special ones stay out."""

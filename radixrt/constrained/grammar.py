@@ -22,6 +22,8 @@ from radixrt.constrained import patterns
 from radixrt.constrained.vocabulary import END_TEXT, END_TOKEN_ID, TokenizerInfo, get_tokenizer_info
 
 KINDS = patterns.KINDS
+# How far ahead (bytes) the shortest way to a match is looked for when a request's token budget runs low.
+CLOSING_HORIZON = 64
 
 
 def end_anchored(regex: str) -> str:
@@ -60,6 +62,7 @@ class Grammar:
         self._final = frozenset(index.get_final_states())
         self._accepting: dict[int, bool] = {}
         self._dead: dict[int, bool] = {}
+        self._closing: dict[int, tuple[int, int | None]] = {}
         self._rows: dict[int, torch.Tensor] = {}
         self._token_masks: dict[int, tuple[int, torch.Tensor]] = {}
         self._continues: dict[int, bool] = {}
@@ -147,6 +150,49 @@ class Grammar:
             self._continues[state] = bool(tokens.size)
             self._forced_byte[state] = forced
             self._rows[state] = row
+
+    # -- closing within a budget
+
+    def closing(self, state: int) -> tuple[int, int | None]:
+        """The shortest way from ``state`` to a match, one byte a token: (its length in bytes, the token of
+        its first byte). (0, None) where the text already matches; (-1, None) where no way of at most
+        ``CLOSING_HORIZON`` bytes exists. Cached, for every state on the path found."""
+        cached = self._closing.get(state)
+        if cached is not None:
+            return cached
+        parent: dict[int, tuple[int, int]] = {}
+        frontier, depth, found = [state], 0, None
+        seen = {state}
+        while frontier and found is None and depth <= CLOSING_HORIZON:
+            following = []
+            for current in frontier:
+                known = self._closing.get(current)
+                if self.is_accepting(current) or (known is not None and known[0] >= 0 and current != state):
+                    found = current
+                    break
+                for token in self.info.byte_tokens.values():
+                    nxt = self.index.get_next_state(current, token)
+                    if nxt is None or nxt in seen or (token in self.info.end_fragments and self._is_dead(nxt)):
+                        continue
+                    seen.add(nxt)
+                    parent[nxt] = (current, token)
+                    following.append(nxt)
+            frontier = following
+            depth += 1
+        if found is None:
+            result = self._closing[state] = (-1, None)
+            return result
+        tail = 0 if self.is_accepting(found) else self._closing[found][0]
+        path = []
+        node = found
+        while node != state:
+            node, token = parent[node]
+            path.append((node, token))
+        with self._lock:
+            self._closing.setdefault(found, (0, None))
+            for distance, (node, token) in enumerate(path, start=1):
+                self._closing[node] = (distance + tail, token)
+        return self._closing[state]
 
     # -- jump-forward
 

@@ -100,6 +100,14 @@ class GrammarMatcher:
         The scheduler ends the request (finish reason: stop) without sampling again."""
         return self.terminated or (self.can_terminate() and not self.grammar.has_continuation(self.state))
 
+    def closing_token(self, budget: int) -> int | None:
+        """The token to write now so that the text still matches within ``budget`` more tokens: the first byte
+        of the shortest way to a match, once the budget is no longer than that way; else None."""
+        if self.terminated or budget <= 0:
+            return None
+        length, token = self.grammar.closing(self.state)
+        return token if token is not None and budget <= length else None
+
     def jump_forward_text(self) -> str | None:
         """The text every valid continuation starts with from here (whole characters), if any."""
         if self.terminated:

@@ -1,6 +1,7 @@
 """What a forward's logits become: next tokens (penalties, min-token bans, grammar masks, sampling) and logprobs.
 
-``next_tokens`` samples a batch of requests at once and appends output logprobs to each request's pending ones;
+``next_tokens`` samples a batch of requests at once (a constrained request closes its match when its budget
+runs out: ``close_within_budget``) and appends output logprobs to each request's pending ones;
 ``collect_prompt_logprobs`` reads the prompt logprob rows of one prefill chunk. Neither finishes a request:
 an error propagates to the caller, which decides whom it fails.
 """
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixrt.constrained.grammar import CLOSING_HORIZON
 from radixrt.sampling.logits_processor import apply_penalties, ban_tokens, token_logprobs
 from radixrt.sampling.sampler import SamplingBatch, sample
 from radixrt.scheduler.request import Req
@@ -35,6 +37,7 @@ def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_
     ban_tokens(logits, banned)
     if any(r.grammar is not None for r in reqs):
         grammars.apply_masks(logits, [r.grammar for r in reqs])
+        close_within_budget(logits, reqs)
     batch = SamplingBatch.build(params, vocab_size, [r.generator for r in reqs], device=logits.device)
     tokens = sample(logits, batch)
     token_ids = tokens.tolist()  # one device-to-host copy for the batch
@@ -48,6 +51,19 @@ def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_
             if reqs[i].top_logprobs_num:
                 reqs[i].pending_output_top.append(top[j][: reqs[i].top_logprobs_num])
     return token_ids
+
+
+def close_within_budget(logits: torch.Tensor, reqs: list[Req]) -> None:
+    """A constrained request whose token budget is down to the shortest way to a match writes that way, so
+    its output matches when the budget ends (a JSON string that would run past max_new_tokens is closed)."""
+    for i, r in enumerate(reqs):
+        budget = r.params.max_new_tokens - len(r.output_ids)
+        if r.grammar is None or budget > CLOSING_HORIZON:
+            continue
+        token = r.grammar.closing_token(budget)
+        if token is not None:
+            logits[i].fill_(float("-inf"))
+            logits[i, token] = 0.0
 
 
 def collect_prompt_logprobs(req: Req, start: int, n: int, rows: torch.Tensor) -> None:
