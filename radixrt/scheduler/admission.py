@@ -1,11 +1,14 @@
-"""Admission: which waiting requests start running this step, in policy order, within the page budget.
+"""Admission: which waiting requests start running this step, in priority and policy order, within the page
+budget.
 
-The waiting queue holds requests not admitted yet and retracted ones (at its head). Each step:
+The waiting queue holds requests not admitted yet and retracted ones (at its head, so first within their
+priority). Each step:
 
 - ``drop_failed_grammars`` takes out constrained requests whose grammar failed or did not compile within
   GRAMMAR_COMPILE_TIMEOUT_S (finished with a 400, for the caller to emit); a request whose grammar is still
   compiling waits without holding up the others.
-- ``admit`` matches every ready request against the cache, orders them by policy, and admits while the
+- ``admit`` matches every ready request against the cache, orders them by priority and then by policy
+  (radixrt.scheduler.policy: a more urgent request is never passed over for lack of room), and admits while the
   chunked-prefill token budget, ``max_running_requests`` and the pages last. Pages are weighed against what
   running requests will still need: their remaining ``max_new_tokens`` times ``new_token_ratio``, an estimate
   that rises after a retraction (``take_back``) and decays while memory is calm (``decay``). When nothing
@@ -60,8 +63,9 @@ class Admission:
     # ----- the queue ----------------------------------------------------------------------------------
 
     def take_back(self, req: Req) -> None:
-        """A request retracted under memory pressure (pages released) waits at the head of the queue, to be
-        computed again, mostly from the cache; admission then reserves more room for future decodes."""
+        """A request retracted under memory pressure (pages released) waits at the head of the queue (first
+        among the requests of its priority), to be computed again, mostly from the cache; admission then
+        reserves more room for future decodes."""
         if not req.input_logprobs_sent:  # its prompt is computed again from the first logprob position on
             req.input_logprobs.clear()
             req.input_top_logprobs.clear()
@@ -88,6 +92,7 @@ class Admission:
 
     def admit(self, running: list[Req]) -> None:
         """Move the requests that fit from the waiting queue to the end of ``running``."""
+        self.admitted_now = set()  # a step that admits nothing must not leave an earlier step's set behind
         ready = [r for r in self.waiting if r.grammar_future is None or r.grammar_future.done()]
         if not ready or len(running) >= self.args.max_running_requests:
             return
@@ -98,7 +103,9 @@ class Admission:
         budget = self.args.chunked_prefill_size
         committed = sum(self._future_pages(r) for r in running)  # pages promised, not yet allocated
         admitted: list[Req] = []
-        for req in order_waiting(self.args.schedule_policy, ready, matches):
+        order = order_waiting(self.args.schedule_policy, ready, matches,
+                              self.args.schedule_low_priority_values_first)
+        for req in order:
             if budget <= 0 or len(running) >= self.args.max_running_requests:
                 break
             if self._shares_uncached_prefix(req, running, admitted, matches[req.rid][0]):
@@ -124,6 +131,9 @@ class Admission:
             max(req.params.max_new_tokens - len(req.output_ids), 0) * self.new_token_ratio / self.page_size
         )
         # Measured after the hold: the matched pages are no longer evictable, so they are not room.
+        short = need + reserve - (self.memory.available_pages - committed)
+        if 0 < short <= self.cache.protected_pages and not alone and self.memory.unpin is not None:
+            self.memory.unpin(short)  # sessions' pins yield to a request that needs the room
         if need + reserve > self.memory.available_pages - committed and not alone:
             self.memory.unhold(match.node)
             return None

@@ -1,4 +1,10 @@
-"""Orders the waiting queue: longest prefix match, SGLang's DFS weight over the cache tree, or arrival order."""
+"""Orders the waiting queue: request priority first, then longest prefix match, SGLang's DFS weight over the
+cache tree, or arrival order.
+
+Priorities follow SGLang: a larger ``priority`` is more urgent unless ``--schedule-low-priority-values-first``
+flips it; requests without one have priority 0. Within one priority the policy's order holds (the sort by
+priority is stable), and so does the queue's own order for ties (retracted requests sit at its head).
+"""
 
 from __future__ import annotations
 
@@ -15,8 +21,17 @@ POLICIES = ("lpm", "dfs-weight", "fcfs")
 LPM_MAX_QUEUE = 256
 
 
-def order_waiting(policy: str, waiting: list[Req], matches: dict[str, tuple[int, TreeNode]]) -> list[Req]:
-    """``matches`` maps rid -> (matched tokens, deepest matched node)."""
+def order_waiting(policy: str, waiting: list[Req], matches: dict[str, tuple[int, TreeNode]],
+                  low_priority_first: bool = False) -> list[Req]:
+    """``matches`` maps rid -> (matched tokens, deepest matched node). Most urgent priority first, then the
+    policy's order."""
+    order = _policy_order(policy, waiting, matches)
+    if any(r.priority != order[0].priority for r in order):
+        order.sort(key=lambda r: -r.urgency(low_priority_first))  # stable: the policy's order within a level
+    return order
+
+
+def _policy_order(policy: str, waiting: list[Req], matches: dict[str, tuple[int, TreeNode]]) -> list[Req]:
     if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
         return list(waiting)
     if policy == "lpm":

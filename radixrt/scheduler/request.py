@@ -50,6 +50,7 @@ class Req:
     input_logprobs_sent: bool = False
     num_retractions: int = 0
     arrival: float = 0.0
+    priority: int = 0  # SGLang's request priority (by default a larger value is more urgent)
 
     @classmethod
     def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu") -> "Req":
@@ -62,12 +63,18 @@ class Req:
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
             grammar_spec=msg.grammar,
+            priority=msg.priority if msg.priority is not None else 0,
         )
         if not msg.params.greedy:
             # Every sampled request draws from its own generator, so its tokens do not depend on the batch.
             seed = msg.params.seed if msg.params.seed is not None else drawn_seed
             req.generator = torch.Generator(device=device).manual_seed(seed)
         return req
+
+    def urgency(self, low_priority_first: bool) -> int:
+        """How urgent the request is, larger first: its priority, negated under
+        ``--schedule-low-priority-values-first``."""
+        return -self.priority if low_priority_first else self.priority
 
     @property
     def fill_ids(self) -> list[int]:
