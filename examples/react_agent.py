@@ -2,6 +2,10 @@
 (a `gen` that stops at "]"), and the program runs the tool in Python and appends the observation,
 until the model selects "finish" or the step budget runs out.
 
+The program runs in a session (`backend.with_sessions()`): the server keeps the agent's context pinned in its
+prefix cache between steps, so each step's prompt is served from the cache even when other traffic fills the
+KV pool; the session closes when the program ends. `--no-sessions` runs without one (same output).
+
     python examples/react_agent.py [--url http://127.0.0.1:30000]
 """
 
@@ -82,8 +86,10 @@ def react(s, question, max_steps=3):
     return max_steps
 
 
-def main(backend=None, question="What is the population of France?"):
+def main(backend=None, question="What is the population of France?", use_sessions=True):
     backend = backend or sgl.get_default_backend()
+    if use_sessions and hasattr(backend, "with_sessions"):  # the native backends (RuntimeEndpoint, EngineBackend)
+        backend = backend.with_sessions()
     state = react.run(question=question, backend=backend, temperature=0)
     if state.error() is not None:
         raise state.error()
@@ -95,10 +101,12 @@ def main(backend=None, question="What is the population of France?"):
 def backend_from_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="a running `radixrt serve` (default: the in-process engine)")
+    parser.add_argument("--no-sessions", action="store_true", help="run without a session")
     args = parser.parse_args(argv)
-    return sgl.RuntimeEndpoint(args.url) if args.url else sgl.Engine()
+    return (sgl.RuntimeEndpoint(args.url) if args.url else sgl.Engine()), not args.no_sessions
 
 
 if __name__ == "__main__":
-    sgl.set_default_backend(backend_from_args())
-    main()
+    backend, use_sessions = backend_from_args()
+    sgl.set_default_backend(backend)
+    main(use_sessions=use_sessions)

@@ -307,6 +307,16 @@ class Engine:
             raise call.error
         return call.result
 
+    def open_session(self, capacity_of_str_len: int | None = None, session_id: str | None = None) -> str:
+        """Open a session (SGLang's ``open_session``): pass ``session_params={"id": ...}`` with its requests and
+        each one's context stays pinned in the prefix cache for the next turn. Returns its id (``session_id`` if
+        given); ValueError for an id already open or a bad capacity."""
+        return self._call(lambda: self.scheduler.open_session(capacity_of_str_len, session_id))
+
+    def close_session(self, session_id: str) -> None:
+        """Close a session and release its pages to the cache; closing an unknown session does nothing."""
+        self._call(lambda: self.scheduler.close_session(session_id))
+
     def start_profile(self) -> None:
         """Start torch.profiler on the scheduler thread (see radixrt.step_profiler)."""
         self._call(self._profiler.start)

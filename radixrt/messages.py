@@ -1,6 +1,6 @@
 """Every message that crosses a process (or thread) boundary, as msgspec structs.
 
-Tokenizer side -> scheduler: GenerateReq, AbortReq, FlushCacheReq.
+Tokenizer side -> scheduler: GenerateReq, AbortReq, FlushCacheReq, StatsReq, OpenSessionReq, CloseSessionReq.
 Scheduler -> detokenizer: BatchTokenOut (one per scheduler step, every request that progressed).
 Detokenizer -> tokenizer side: BatchStrOut.
 A request's end travels as a FinishReason; SGLang's native ``meta_info.finish_reason`` is its ``to_dict()``.
@@ -48,6 +48,17 @@ class FlushCacheReq(msgspec.Struct, tag=True):
 
 class StatsReq(msgspec.Struct, tag=True):
     pass
+
+
+class OpenSessionReq(msgspec.Struct, tag=True):
+    """SGLang's /open_session: a session whose requests' contexts stay pinned in the prefix cache."""
+
+    capacity_of_str_len: int | None = None
+    session_id: str | None = None
+
+
+class CloseSessionReq(msgspec.Struct, tag=True):
+    session_id: str
 
 
 class FinishReason(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -152,6 +163,8 @@ class SchedulerStats(msgspec.Struct, tag=True):
     steps: int
     jump_forwards: int = 0  # constrained decoding: jump-forwards applied
     jump_forward_tokens: int = 0  # output tokens they added net (decode forward steps saved for those requests)
+    sessions_open: int = 0  # open sessions (radixrt.scheduler.sessions)
+    pages_pinned: int = 0  # KV pages sessions pin in the prefix cache (summed over sessions)
 
 
 # ----- server mode: handshake and control replies (scheduler / detokenizer -> tokenizer side) -----------
@@ -174,6 +187,15 @@ class DetokenizerReady(msgspec.Struct, tag=True):
 
 class FlushCacheOut(msgspec.Struct, tag=True):
     ok: bool
+
+
+class OpenSessionOut(msgspec.Struct, tag=True):
+    session_id: str | None  # None: refused, ``error`` says why
+    error: str | None = None
+
+
+class CloseSessionOut(msgspec.Struct, tag=True):
+    closed: bool  # False: no such session was open
 
 
 class StatsOut(msgspec.Struct, tag=True):

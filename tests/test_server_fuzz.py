@@ -13,7 +13,8 @@ from radixrt.server.server_process import ServerProcess
 
 ROUTES = {"/generate": {"post"}, "/v1/completions": {"post"}, "/v1/chat/completions": {"post"},
           "/v1/models": {"get"}, "/get_model_info": {"get"}, "/get_server_info": {"get"},
-          "/flush_cache": {"get", "post"}, "/abort_request": {"post"}, "/health": {"get"}, "/metrics": {"get"}}
+          "/flush_cache": {"get", "post"}, "/abort_request": {"post"}, "/health": {"get"}, "/metrics": {"get"},
+          "/open_session": {"post"}, "/close_session": {"post"}}
 
 
 def _accepts(field: str, value) -> bool:
@@ -140,7 +141,7 @@ def test_extreme_int64_values_never_5xx(server, path, body):
 def test_bounded_fuzz_run_finds_no_5xx_and_no_hang(server):
     report = run_fuzz(server.url, max_examples=6, timeout=30.0, seed=1)
     print(report.render())
-    assert report.cases >= 40 and len(report.operations) == 14
+    assert report.cases >= 40 and len(report.operations) == 16
     assert report.server_errors == [] and report.hangs == []
     assert report.statuses[200] > 0 and report.statuses[400] > 0
     assert report.healthy_after and report.same_output_after

@@ -79,14 +79,14 @@ def test_unsupported_refuses_only_values_that_ask_for_something():
 
 def test_ignored_fields_are_logged_once_per_name(caplog, monkeypatch):
     monkeypatch.setattr(compat_fields, "_logged", set())
-    rules = {"model": Ignored("one model"), "priority": Ignored("no priorities")}
+    rules = {"model": Ignored("one model"), "log_metrics": Ignored("a logging switch")}
     with caplog.at_level(logging.INFO, logger="radixrt.compat"):
         for _ in range(3):
-            check_fields(Body(model="m", priority=None), rules)
-        check_fields(Body(model="m", priority=2), rules)
+            check_fields(Body(model="m", log_metrics=None), rules)
+        check_fields(Body(model="m", log_metrics=True), rules)
     lines = [r.getMessage() for r in caplog.records]
     assert sum("'model'" in line for line in lines) == 1
-    assert sum("'priority'" in line for line in lines) == 1
+    assert sum("'log_metrics'" in line for line in lines) == 1
 
 
 def test_sampling_params_take_sglang_fields():

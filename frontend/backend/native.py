@@ -7,11 +7,21 @@ Subclasses supply three primitives that speak SGLang's native /generate request 
 - `_request(payload) -> dict | list[dict]`
 - `_request_stream(payload) -> iterator of dicts` (cumulative "text", SGLang's streaming semantics)
 - `_fetch_model_info() -> dict` (the `get_model_info` object)
+- `_open_session() -> str`, `_close_session(id)` (only with sessions on)
+
+Sessions (opt-in: `use_sessions=True`, or `backend.with_sessions()` for a view of the same connection): a
+program state opens a session on its first model call, sends `session_params={"id": ...}` with each of its
+generations (and the prefix call of a select), and closes it once the state has ended and its work is done,
+errors included. The server keeps the state's latest context pinned in its prefix cache, so the next call of a
+long program (an agent loop) is served from the cache even while other traffic presses on memory. Forks get
+sessions of their own. The text sent is the same, so the outputs are too.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import threading
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -58,8 +68,10 @@ def _json_schema_str(sp: SglSamplingParams) -> SglSamplingParams:
 
 
 class NativeBackend(BaseBackend):
-    def __init__(self, chat_template: Optional[ChatTemplate] = None) -> None:
+    def __init__(self, chat_template: Optional[ChatTemplate] = None, use_sessions: bool = False) -> None:
         super().__init__()
+        self.use_sessions = use_sessions
+        self._init_sessions()
         self.model_info: Dict[str, Any] = self._fetch_model_info() or {}
         if isinstance(chat_template, str):
             chat_template = get_chat_template(chat_template)
@@ -75,6 +87,75 @@ class NativeBackend(BaseBackend):
     def _fetch_model_info(self) -> Dict[str, Any]:
         raise NotImplementedError
 
+    def _open_session(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no sessions")
+
+    def _close_session(self, session_id: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no sessions")
+
+    # Sessions -------------------------------------------------------------------------------
+    def _init_sessions(self) -> None:
+        self._sessions: Dict[str, str] = {}  # program state (executor sid) -> its open session's id
+        self._sessions_lock = threading.Lock()
+        self._closers: List[threading.Thread] = []
+
+    def with_sessions(self) -> "NativeBackend":
+        """The same backend (same connection or engine) with sessions on."""
+        view = copy.copy(self)
+        view.use_sessions = True
+        view._init_sessions()
+        return view
+
+    @property
+    def open_sessions(self) -> int:
+        """Sessions this backend holds open now (states not ended, or ended with work still running)."""
+        with self._sessions_lock:
+            return len(self._sessions)
+
+    def wait_sessions_closed(self, timeout: Optional[float] = None) -> bool:
+        """Wait for the sessions of ended states to be closed; True when none is left open."""
+        for t in list(self._closers):
+            t.join(timeout)
+        return self.open_sessions == 0
+
+    def _session_params(self, s) -> Optional[Dict[str, Any]]:
+        if not self.use_sessions:
+            return None
+        key = getattr(s, "sid", None)
+        if key is None:
+            return None
+        with self._sessions_lock:
+            session_id = self._sessions.get(key)
+        if session_id is None:  # only the state's worker thread gets here: one open per state
+            session_id = self._open_session()
+            with self._sessions_lock:
+                self._sessions[key] = session_id
+        return {"id": session_id}
+
+    def end_program(self, s) -> None:
+        """Close the state's session once its worker has run its last node (the program may end first)."""
+        if not self.use_sessions:
+            return
+        worker = getattr(s, "worker", None)
+
+        def close() -> None:
+            if worker is not None and worker is not threading.current_thread():
+                worker.join()
+            with self._sessions_lock:
+                session_id = self._sessions.pop(getattr(s, "sid", None), None)
+            if session_id is not None:
+                try:
+                    self._close_session(session_id)
+                except Exception:  # the server may be gone; its timeout closes the session
+                    pass
+
+        if worker is None or not worker.is_alive() or worker is threading.current_thread():
+            close()
+            return
+        closer = threading.Thread(target=close, name="radixrt-session-close", daemon=True)
+        self._closers = [t for t in self._closers if t.is_alive()] + [closer]
+        closer.start()
+
     # BaseBackend ----------------------------------------------------------------------------
     def get_model_name(self) -> str:
         return str(self.model_info.get("model_path") or self.model_info.get("served_model_name") or "")
@@ -89,6 +170,9 @@ class NativeBackend(BaseBackend):
             value = getattr(sp, key, None)
             if value is not None:
                 payload[key] = value
+        session = self._session_params(s)
+        if session is not None:
+            payload["session_params"] = session
         return payload
 
     def generate(self, s, sampling_params: SglSamplingParams) -> Tuple[Any, Dict[str, Any]]:
@@ -140,7 +224,11 @@ class NativeBackend(BaseBackend):
             raise ValueError("select() needs at least one choice")
         choices_method = choices_method or token_length_normalized
         prefix = s.text_
-        first = self._request({"text": prefix, "sampling_params": {"max_new_tokens": 0}})
+        first_payload: Dict[str, Any] = {"text": prefix, "sampling_params": {"max_new_tokens": 0}}
+        session = self._session_params(s)
+        if session is not None:
+            first_payload["session_params"] = session
+        first = self._request(first_payload)
         prompt_len = int(first["meta_info"]["prompt_tokens"])
         start = max(prompt_len - int(global_config.select_healing_tokens), 0)
         rows = self._request(

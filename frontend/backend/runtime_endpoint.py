@@ -14,7 +14,8 @@ class RuntimeEndpoint(NativeBackend):
     """`RuntimeEndpoint("http://127.0.0.1:30000")`.
 
     Calls: GET /get_model_info once (model path, chat template), POST /generate for every
-    gen/select/prefix hint, POST /flush_cache. `transport` (an httpx transport) is for tests.
+    gen/select/prefix hint, POST /flush_cache; with `use_sessions=True`, POST /open_session and
+    /close_session around each program state (see `native`). `transport` (an httpx transport) is for tests.
     """
 
     def __init__(
@@ -25,6 +26,7 @@ class RuntimeEndpoint(NativeBackend):
         chat_template_name: Optional[str] = None,
         timeout: Optional[float] = None,
         transport: Optional[httpx.BaseTransport] = None,
+        use_sessions: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
@@ -36,7 +38,7 @@ class RuntimeEndpoint(NativeBackend):
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
             transport=transport,
         )
-        super().__init__(chat_template=chat_template_name)
+        super().__init__(chat_template=chat_template_name, use_sessions=use_sessions)
 
     def __repr__(self) -> str:
         return f"RuntimeEndpoint({self.base_url!r})"
@@ -75,6 +77,17 @@ class RuntimeEndpoint(NativeBackend):
                 if isinstance(chunk, dict) and "error" in chunk and "text" not in chunk:
                     raise RuntimeError(f"stream error from {self.base_url}: {chunk['error']}")
                 yield chunk
+
+    def _open_session(self) -> str:
+        body: Dict[str, Any] = {}
+        if self.model_info.get("context_length"):  # SGLang requires a capacity; the context is the natural one
+            body["capacity_of_str_len"] = int(self.model_info["context_length"])
+        res = self.client.post(self.base_url + "/open_session", json=body)
+        self._check(res)
+        return res.json()
+
+    def _close_session(self, session_id: str) -> None:
+        self._check(self.client.post(self.base_url + "/close_session", json={"session_id": session_id}))
 
     def flush_cache(self) -> Any:
         res = self.client.post(self.base_url + "/flush_cache")

@@ -9,8 +9,9 @@ given back, and advanced by the output step as the forward computes tokens.
 
 - ``hold`` locks a matched path while admission weighs a request (``unhold`` if it does not fit);
   ``take_match`` then gives the request the matched pages, plus a private copy of a partially matched page.
-- ``reserve`` gives a planned batch the pages its new tokens need: evict cached pages, then retract running
-  requests (the fewest outputs first), then allocate.
+- ``reserve`` gives a planned batch the pages its new tokens need: evict cached pages, then release sessions'
+  pins (``unpin``, radixrt.scheduler.sessions) and evict again, then retract running
+  requests (the lowest priority first, then the fewest outputs), then allocate.
 - ``cache_prefix`` (after a prefill chunk) puts computed whole pages in the tree for others to share.
 - ``release`` (finish, abort, retraction, failed batch) inserts computed whole pages in the tree, frees the
   private pages the tree did not keep, unlocks the path and empties the table.
@@ -20,7 +21,7 @@ given back, and advanced by the output step as the forward computes tokens.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from radixrt.memory.page_pool import OutOfPagesError, PagePool
 from radixrt.memory.radix_cache import RadixCache
@@ -32,10 +33,14 @@ if TYPE_CHECKING:
 
 
 class Memory:
-    def __init__(self, pool: PagePool, cache: RadixCache, page_size: int) -> None:
+    def __init__(self, pool: PagePool, cache: RadixCache, page_size: int, low_priority_first: bool = False) -> None:
         self.pool = pool
         self.cache = cache
         self.page_size = page_size
+        # Sessions' pins (radixrt.scheduler.sessions): release the least recently used ones for this many pages;
+        # set by the scheduler. Pins yield before a request waits or a running one is retracted.
+        self.unpin: Callable[[int], int] | None = None
+        self.low_priority_first = low_priority_first  # --schedule-low-priority-values-first
 
     @property
     def available_pages(self) -> int:
@@ -80,14 +85,18 @@ class Memory:
         if short > 0:
             self.cache.evict(short)
             short = self._pages_short(plan)
+        if short > 0 and self.unpin is not None and self.unpin(short):
+            self.cache.evict(short)
+            short = self._pages_short(plan)
         candidates = list(running)
         retracted: list[Req] = []
         while short > 0:
             if len(candidates) == 1:
                 raise OutOfPagesError("a single request does not fit in the KV pool")  # prevented by validate()
-            # The fewest outputs lose the least work; a request admitted this step goes last, since its
-            # admission counted on the room.
-            victim = min(candidates, key=lambda r: (id(r) in admitted_now, len(r.output_ids), -r.arrival))
+            # The least urgent priority first; then the fewest outputs lose the least work, and a request
+            # admitted this step goes last, since its admission counted on the room.
+            victim = min(candidates, key=lambda r: (r.urgency(self.low_priority_first), id(r) in admitted_now,
+                                                    len(r.output_ids), -r.arrival))
             candidates.remove(victim)
             self.release(victim)
             retracted.append(victim)

@@ -2,7 +2,8 @@
 
 Its parts, each with its own contract: ``admission`` (the waiting queue, policy order, page budget),
 ``memory`` (the only code that changes a request's pages), ``batch`` (the plan and its ForwardBatch),
-``output`` (sampling, finish checks, jump-forward, deltas; ``logits`` turns rows into tokens and logprobs).
+``output`` (sampling, finish checks, jump-forward, deltas; ``logits`` turns rows into tokens and logprobs),
+``sessions`` (open sessions, ``session_params``, each session's pin on its latest context in the cache).
 This module takes messages in (``submit``, drained at the start of each step), runs the step loop, moves
 requests between the queues and keeps the counters behind ``stats``.
 
@@ -43,6 +44,7 @@ from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.output import OutputProcessor
 from radixrt.scheduler.policy import POLICIES
 from radixrt.scheduler.request import Req
+from radixrt.scheduler.sessions import Sessions
 from radixrt.scheduler.validation import ModelLimits, RequestError, validate_request
 from radixrt.server_args import ServerArgs
 
@@ -102,8 +104,10 @@ class Scheduler:
         self.cache = RadixCache(
             self.pool, disabled=args.disable_radix_cache, partial_page_reuse=not args.disable_partial_page_reuse
         )
-        self.memory = Memory(self.pool, self.cache, self.page_size)
+        self.memory = Memory(self.pool, self.cache, self.page_size, args.schedule_low_priority_values_first)
         self.admission = Admission(args, self.cache, self.memory, self.page_size)
+        self.sessions = Sessions(args, self.cache, self.page_size, getattr(tokenizer, "bos_token_id", None))
+        self.memory.unpin = self.sessions.unpin_lru
         self.output = OutputProcessor(tokenizer, self.eos_ids, self.vocab_size, self.context_length, self.page_size,
                                       grammars, self.memory, sink)
         self.inbox: deque[GenerateReq | AbortReq | FlushCacheReq | ControlCall] = deque()
@@ -169,6 +173,8 @@ class Scheduler:
     def _add_request(self, msg: GenerateReq) -> None:
         seed = self._seeds.getrandbits(63)
         try:
+            if msg.session is not None:
+                msg = self.sessions.resolve(msg)  # an unknown session or rid: this request's 400
             self.validate(msg)
             req = Req.from_message(msg, seed, self.runner.device)
         except RequestError as exc:
@@ -179,7 +185,10 @@ class Scheduler:
             self._refuse(msg, FinishReason.error(f"invalid request: {exc!r}", 400))
             return
         req.arrival = time.monotonic()
+        if msg.session is not None:
+            self.sessions.admitted(req.rid, msg.session.id)
         if msg.grammar is not None and self.grammars is None:
+            self.sessions.ended(req.rid)
             req.finish_reason = FinishReason.error("constrained decoding is not available", 400)
             self.output.emit([req])
             return
@@ -189,6 +198,7 @@ class Scheduler:
             if msg.grammar is not None:
                 req.grammar_future = self.grammars.compile_async(*msg.grammar)
         except Exception as exc:
+            self.sessions.ended(req.rid)
             self.output.finish_with_error(req, exc, "preparing the request")
             self.output.emit([req])
             return
@@ -204,16 +214,27 @@ class Scheduler:
                 if req.rid == rid:
                     queue.remove(req)
                     self.memory.release(req)
+                    self.sessions.ended(req.rid)
                     req.finish_reason = FinishReason.aborted()
                     self.output.emit([req])
                     return
 
     def flush_cache(self) -> bool:
-        """Drop every cached page; only possible while nothing runs."""
+        """Drop every cached page; only possible while nothing runs. Open sessions lose their pins (they stay
+        open; their next turn is computed again)."""
         if self.running or self.waiting:
             return False
+        self.sessions.unpin_all()
         self.cache.reset()
         return True
+
+    def open_session(self, capacity_of_str_len: int | None = None, session_id: str | None = None) -> str:
+        """Open a session (scheduler thread); RequestError for a duplicate id or a bad value."""
+        return self.sessions.open(capacity_of_str_len, session_id)
+
+    def close_session(self, session_id: str) -> bool:
+        """Close a session and release its pin (scheduler thread); False if it was not open."""
+        return self.sessions.close(session_id)
 
     @property
     def idle(self) -> bool:
@@ -227,7 +248,9 @@ class Scheduler:
         had_messages = bool(self.inbox)
         self._take_inbox()
         for req in self.admission.drop_failed_grammars():
+            self.sessions.ended(req.rid)
             self.output.emit([req])
+        self.sessions.expire()
         self.admission.admit(self.running)
         plan = plan_batch(self.running, self.args.chunked_prefill_size, self.args.enable_mixed_chunk)
         if not plan:
@@ -265,6 +288,7 @@ class Scheduler:
         """A running request that finished gives its pages back."""
         self.running.remove(req)
         self.memory.release(req)
+        self.sessions.retired(req)  # a session's finished request: its context stays pinned in the cache
 
     def _fail_batch(self, plan: Plan, error: Exception) -> None:
         """The forward of this batch failed: its requests end with a server error, the others go on."""
@@ -304,6 +328,8 @@ class Scheduler:
             steps=self.steps,
             jump_forwards=self.output.jump_forwards,
             jump_forward_tokens=self.output.jump_forward_tokens,
+            sessions_open=len(self.sessions.table),
+            pages_pinned=self.sessions.pinned_pages,
         )
 
     def _maybe_log(self) -> None:

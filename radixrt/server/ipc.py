@@ -20,17 +20,22 @@ import msgspec
 from radixrt.messages import (
     AbortReq,
     BatchStrOut,
+    CloseSessionOut,
+    CloseSessionReq,
     DetokenizerReady,
     FlushCacheOut,
     FlushCacheReq,
     GenerateReq,
+    OpenSessionOut,
+    OpenSessionReq,
     SchedulerReady,
     StatsOut,
     StatsReq,
 )
 
-SchedulerInbound = Union[GenerateReq, AbortReq, FlushCacheReq, StatsReq]
-TokenizerInbound = Union[BatchStrOut, SchedulerReady, DetokenizerReady, FlushCacheOut, StatsOut]
+SchedulerInbound = Union[GenerateReq, AbortReq, FlushCacheReq, StatsReq, OpenSessionReq, CloseSessionReq]
+TokenizerInbound = Union[BatchStrOut, SchedulerReady, DetokenizerReady, FlushCacheOut, StatsOut, OpenSessionOut,
+                         CloseSessionOut]
 
 ENCODER = msgspec.msgpack.Encoder()
 

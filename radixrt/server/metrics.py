@@ -111,8 +111,10 @@ def _scheduler_metrics(lines: list[str], stats) -> None:
          s.pages_total - s.pages_free),
         ("pages_free", "KV pages on the free list", s.pages_free),
         ("pages_evictable", "cached KV pages no request holds (evictable)", s.pages_evictable),
-        ("pages_held", "KV pages held by running requests (private plus locked in the tree)",
+        ("pages_held", "KV pages held by running requests and sessions (private plus locked in the tree)",
          s.pages_private + s.pages_protected),
+        ("sessions_open", "open sessions (/open_session)", s.sessions_open),
+        ("pages_pinned", "KV pages sessions pin in the prefix cache (part of pages_held)", s.pages_pinned),
         ("cache_hit_rate", "prompt tokens served by the prefix cache / prompt tokens admitted", round(hit, 6)),
         ("last_step_seconds", "duration of the latest scheduler step", s.last_step_seconds),
     ]

@@ -1,4 +1,5 @@
-"""Request bodies of SGLang's native API (/generate, /abort_request), as msgspec structs (unknown fields refused).
+"""Request bodies of SGLang's native API (/generate, /abort_request, /open_session, /close_session), as msgspec
+structs (unknown fields refused).
 
 ``GenerateBody`` also declares every other field of SGLang's GenerateReqInput, from the rule table
 ``radixrt.server.sglang_compat.GENERATE`` (ignored, or refused unless it asks for nothing); the route checks
@@ -55,4 +56,16 @@ GenerateBody = msgspec.defstruct("GenerateBody", struct_fields(GENERATE), bases=
 class AbortBody(msgspec.Struct, forbid_unknown_fields=True):
     rid: str | None = None
     abort_all: bool = False
+
+
+class OpenSessionBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's OpenSessionReqInput: the longest prompt (tokens) of the session's requests, and its id (default:
+    a generated one)."""
+
+    capacity_of_str_len: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    session_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+
+
+class CloseSessionBody(msgspec.Struct, forbid_unknown_fields=True):
+    session_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 

@@ -1,5 +1,6 @@
 """SGLang's native API: POST /generate, GET /model_info and /get_model_info, GET /server_info and
-/get_server_info, GET|POST /flush_cache, POST /abort_request.
+/get_server_info, GET|POST /flush_cache, POST /abort_request, POST /open_session and /close_session (sessions:
+radixrt.scheduler.sessions; /generate's ``session_params`` names one).
 
 /generate takes the Engine's arguments (radixrt.server.native_protocol.GenerateBody) through the runtime's
 one request path (``TokenizerManager.prepare``, off the event loop) and answers the Engine's dict per request:
@@ -34,7 +35,7 @@ from radixrt.server.http_common import (
     sse,
 )
 from radixrt.server.model_card import model_card
-from radixrt.server.native_protocol import AbortBody, GenerateBody
+from radixrt.server.native_protocol import AbortBody, CloseSessionBody, GenerateBody, OpenSessionBody
 from radixrt.server.tokenizer_manager import ReqState, TokenizerManager
 
 
@@ -46,6 +47,8 @@ def add_native_routes(app: FastAPI, tm: TokenizerManager) -> None:
     route(app, "/get_server_info", ["GET"], get_server_info, tm)
     route(app, "/flush_cache", ["GET", "POST"], flush_cache, tm)
     route(app, "/abort_request", ["POST"], abort_request, tm)
+    route(app, "/open_session", ["POST"], open_session, tm)
+    route(app, "/close_session", ["POST"], close_session, tm)
 
 
 async def generate(tm: TokenizerManager, request: Request) -> Response:
@@ -120,6 +123,19 @@ async def flush_cache(tm: TokenizerManager, request: Request) -> Response:
     if await tm.flush_cache():
         return Response("Cache flushed.\n", media_type="text/plain")
     raise RequestError("cache not flushed: requests are in flight; retry when the server is idle")
+
+
+async def open_session(tm: TokenizerManager, request: Request) -> Response:
+    """SGLang's /open_session: the session's id as a JSON string; 400 for an id already open."""
+    body = decode_request(await request.body(), OpenSessionBody)
+    return json_response(await tm.open_session(body.capacity_of_str_len, body.session_id))
+
+
+async def close_session(tm: TokenizerManager, request: Request) -> Response:
+    """SGLang's /close_session: 200 with an empty body, whether or not the session was open (as SGLang)."""
+    body = decode_request(await request.body(), CloseSessionBody)
+    await tm.close_session(body.session_id)
+    return Response(status_code=200)
 
 
 async def abort_request(tm: TokenizerManager, request: Request) -> Response:

@@ -17,9 +17,10 @@ from typing import Any
 
 import msgspec
 
+from radixrt.requests import MAX_PRIORITY
 from radixrt.server import openai_protocol as oai
 from radixrt.server.http_common import INT64_MAX, INT64_MIN
-from radixrt.server.native_protocol import AbortBody, GenerateBody
+from radixrt.server.native_protocol import AbortBody, CloseSessionBody, GenerateBody, OpenSessionBody
 
 REF = "#/components/schemas/{name}"
 MAX_SEED = 2**63 - 1
@@ -71,9 +72,11 @@ BOUNDS: dict[str, dict[str, Any]] = {
     "n": {"minimum": 1, "maximum": MAX_N},
     "seed": {"minimum": 0, "maximum": MAX_SEED},
     "logprob_start_len": {"minimum": -1},
+    "priority": {"minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
 }
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
-STRUCTS = [GenerateBody, AbortBody, oai.CompletionRequest, oai.ChatCompletionRequest, ErrorResponse]
+STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, oai.CompletionRequest, oai.ChatCompletionRequest,
+           ErrorResponse]
 
 MESSAGE_SCHEMA = {
     "type": "object",
@@ -216,6 +219,10 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         "/get_server_info": {"get": get("the same as /server_info (SGLang's older name)", json_ok, 503)},
         "/flush_cache": {"get": flush, "post": flush},
         "/abort_request": {"post": post("abort one request by rid, or all", "AbortBody", json_ok, 400)},
+        "/open_session": {"post": post("open a session (its requests' contexts stay pinned in the prefix cache); "
+                                       "returns its id as a JSON string", "OpenSessionBody", json_ok, 400, 503)},
+        "/close_session": {"post": post("close a session (an unknown one too)", "CloseSessionBody",
+                                        {"text/plain": {"schema": {"type": "string"}}}, 400, 503)},
         "/health": {"get": get("200 while every process is alive", json_ok, 503)},
         "/metrics": {"get": get("Prometheus text exposition", text_ok)},
         "/openapi.json": {"get": get("this document")},

@@ -22,9 +22,13 @@ import zmq
 
 from radixrt.messages import (
     AbortReq,
+    CloseSessionOut,
+    CloseSessionReq,
     FlushCacheOut,
     FlushCacheReq,
     GenerateReq,
+    OpenSessionOut,
+    OpenSessionReq,
     SchedulerReady,
     StatsOut,
     StatsReq,
@@ -85,6 +89,21 @@ class SchedulerProcess:
             self.scheduler.step()  # take in anything queued before the flush (aborts, finished requests)
             ok = self.scheduler.idle and self.scheduler.flush_cache()
             self.to_tokenizer.send(ENCODER.encode(FlushCacheOut(ok=bool(ok))))
+        elif isinstance(msg, (OpenSessionReq, CloseSessionReq)):
+            from radixrt.scheduler.scheduler import ControlCall
+
+            # In the scheduler's inbox, after the requests queued before it: a close never overtakes them.
+            self.scheduler.submit(ControlCall(lambda: self._session_control(msg)))
+
+    def _session_control(self, msg) -> None:
+        if isinstance(msg, OpenSessionReq):
+            try:
+                out = OpenSessionOut(self.scheduler.open_session(msg.capacity_of_str_len, msg.session_id))
+            except ValueError as exc:
+                out = OpenSessionOut(None, str(exc))
+        else:
+            out = CloseSessionOut(self.scheduler.close_session(msg.session_id))
+        self.to_tokenizer.send(ENCODER.encode(out))
 
     def _drain(self, timeout_ms: int) -> bool:
         """Handle every waiting message, blocking up to ``timeout_ms`` for the first one."""

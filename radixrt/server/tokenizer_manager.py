@@ -25,9 +25,13 @@ import zmq.asyncio
 from radixrt.messages import (
     AbortReq,
     BatchStrOut,
+    CloseSessionOut,
+    CloseSessionReq,
     DetokenizerReady,
     FlushCacheOut,
     FlushCacheReq,
+    OpenSessionOut,
+    OpenSessionReq,
     SchedulerReady,
     StatsOut,
     StatsReq,
@@ -98,6 +102,8 @@ class TokenizerManager:
         self._counter = itertools.count()
         self._stats_waiters: deque[asyncio.Future] = deque()
         self._flush_waiters: deque[asyncio.Future] = deque()
+        self._open_session_waiters: deque[asyncio.Future] = deque()
+        self._close_session_waiters: deque[asyncio.Future] = deque()
         self._ready_event: asyncio.Event | None = None
         self._token_text_cache: dict[int, str] = {}
         # Tokenizing, chat templating and detokenizing run here, off the event loop: a large request costs
@@ -152,6 +158,13 @@ class TokenizerManager:
                         fut = self._flush_waiters.popleft()
                         if not fut.done():
                             fut.set_result(msg.ok)
+                elif isinstance(msg, (OpenSessionOut, CloseSessionOut)):
+                    waiters = (self._open_session_waiters if isinstance(msg, OpenSessionOut)
+                               else self._close_session_waiters)
+                    if waiters:
+                        fut = waiters.popleft()
+                        if not fut.done():
+                            fut.set_result(msg)
                 elif isinstance(msg, SchedulerReady):
                     self.ready = msg
                 elif isinstance(msg, DetokenizerReady):
@@ -334,7 +347,8 @@ class TokenizerManager:
             state.error = message
             state.event.set()
         self.states.clear()
-        for waiters in (self._stats_waiters, self._flush_waiters):
+        for waiters in (self._stats_waiters, self._flush_waiters, self._open_session_waiters,
+                        self._close_session_waiters):
             while waiters:
                 fut = waiters.popleft()
                 if not fut.done():
@@ -358,6 +372,20 @@ class TokenizerManager:
 
     async def flush_cache(self, timeout: float = 30.0) -> bool:
         return await self._control(FlushCacheReq(), self._flush_waiters, timeout)
+
+    async def open_session(self, capacity_of_str_len: int | None = None, session_id: str | None = None,
+                           timeout: float = 30.0) -> str:
+        """Open a session in the scheduler; RequestError (400) for an id already open or a bad value."""
+        out = await self._control(OpenSessionReq(capacity_of_str_len, session_id), self._open_session_waiters,
+                                  timeout)
+        if out.session_id is None:
+            raise RequestError(out.error or "the session could not be opened")
+        return out.session_id
+
+    async def close_session(self, session_id: str, timeout: float = 30.0) -> bool:
+        """Close a session (its pages become ordinary cache); False if it was not open."""
+        out = await self._control(CloseSessionReq(session_id), self._close_session_waiters, timeout)
+        return out.closed
 
     def stats_dict(self, out: StatsOut) -> dict[str, Any]:
         return msgspec.structs.asdict(out.stats)
