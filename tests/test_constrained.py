@@ -408,6 +408,20 @@ def test_closing_token_finishes_a_match_within_the_budget(compiler):
     assert grammar.closing(grammar.initial_state)[0] == len('{"text":"","n":0}')
 
 
+def test_a_matching_output_stops_when_going_on_could_not_match_again(compiler):
+    grammar = compiler.compile("regex", "(ab)+")  # after "ab": more must be a whole "ab"
+    matcher = GrammarMatcher(grammar)
+    assert matcher.accept_tokens([grammar.info.byte_tokens[b] for b in b"ab"])
+    assert grammar.reopen(matcher.state) == 2
+    assert matcher.closing_token(2) is None  # room for one more "ab"
+    assert matcher.closing_token(1) == grammar.info.eos_token_ids[0]
+    far = compiler.compile("regex", "x(y{80})*")  # going on needs 80 bytes: beyond the horizon
+    matcher = GrammarMatcher(far)
+    assert matcher.accept_token(far.info.byte_tokens[ord("x")])
+    assert far.reopen(matcher.state) == -1 and matcher.closing_token(64) == far.info.eos_token_ids[0]
+    assert matcher.closing_token(65) is None
+
+
 def test_plain_added_tokens_are_grammar_tokens(default_model_path, eos_ids):
     """A non-special added token (Qwen's ``<tool_call>``) is in the grammar vocabulary, spelled by its text, so a
     grammar asking for that text allows the single token the model writes; special ones stay out."""

@@ -63,6 +63,7 @@ class Grammar:
         self._accepting: dict[int, bool] = {}
         self._dead: dict[int, bool] = {}
         self._closing: dict[int, tuple[int, int | None]] = {}
+        self._reopen: dict[int, int] = {}
         self._rows: dict[int, torch.Tensor] = {}
         self._token_masks: dict[int, tuple[int, torch.Tensor]] = {}
         self._continues: dict[int, bool] = {}
@@ -193,6 +194,22 @@ class Grammar:
             for distance, (node, token) in enumerate(path, start=1):
                 self._closing[node] = (distance + tail, token)
         return self._closing[state]
+
+    def reopen(self, state: int) -> int:
+        """From a matching ``state``: the shortest way (bytes) through more text to a match again, e.g. a
+        whole further call after a tool call; -1 where none is within ``CLOSING_HORIZON`` bytes. Cached."""
+        cached = self._reopen.get(state)
+        if cached is None:
+            cached = -1
+            for token in self.info.byte_tokens.values():
+                nxt = self.index.get_next_state(state, token)
+                if nxt is None or (token in self.info.end_fragments and self._is_dead(nxt)):
+                    continue
+                length = self.closing(nxt)[0]
+                if length >= 0 and (cached < 0 or length + 1 < cached):
+                    cached = length + 1
+            self._reopen[state] = cached
+        return cached
 
     # -- jump-forward
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from radixrt.constrained.grammar import Grammar
+from radixrt.constrained.grammar import CLOSING_HORIZON, Grammar
 
 
 class GrammarMatcher:
@@ -102,9 +102,17 @@ class GrammarMatcher:
 
     def closing_token(self, budget: int) -> int | None:
         """The token to write now so that the text still matches within ``budget`` more tokens: the first byte
-        of the shortest way to a match, once the budget is no longer than that way; else None."""
+        of the shortest way to a match, once the budget is no longer than that way; in a matching state, eos
+        when going on could not match again within the budget (a further tool call); else None."""
         if self.terminated or budget <= 0:
             return None
+        if self.grammar.is_accepting(self.state):
+            if not self.grammar.has_continuation(self.state):
+                return None
+            again = self.grammar.reopen(self.state)
+            if again < 0:  # no way back within the horizon: stop once the budget is inside it
+                return self.grammar.info.eos_token_ids[0] if budget <= CLOSING_HORIZON else None
+            return self.grammar.info.eos_token_ids[0] if again > budget else None
         length, token = self.grammar.closing(self.state)
         return token if token is not None and budget <= length else None
 
