@@ -93,9 +93,6 @@ class Hermes(ToolCallFormat):
     def call_suffix(self) -> str:
         return "}\n" + END
 
-    def free_text_regex(self) -> str:
-        return rx.text_without(START)
-
     def auto_regex(self, calls: str) -> str:
         return f"{rx.text_without(START, before_marker=True)}({calls})?"
 
