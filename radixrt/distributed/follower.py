@@ -1,6 +1,7 @@
 """A follower rank: joins the process groups, loads its model shard and K/V pool, then runs every forward
-rank 0 broadcasts (after the page copies that came with it) until rank 0 says stop (exit 0). Any error of
-its own ends it with code 1 (fail-stop: rank 0 then finds it dead); it dies with the process that spawned it.
+rank 0 broadcasts (after the page copies that came with it) until rank 0 says stop: then it leaves the process
+groups and exits 0. Any error of its own ends it with code 1 (fail-stop: rank 0 then finds it dead); it dies with
+the process that spawned it.
 
 Run by rank 0 or a node launcher: ``python -m radixrt.distributed.follower ARGS_JSON RANK HOST:PORT PARENT_PID``.
 """
@@ -13,8 +14,13 @@ import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from radixrt.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from radixrt.distributed.world import TPWorld
+    from radixrt.model.runner import ModelRunner
 
 logger = logging.getLogger("radixrt.follower")
 
@@ -25,10 +31,15 @@ def run(args: ServerArgs, rank: int, init_addr: str) -> None:
     from radixrt.model.weights import resolve_model_path
 
     world = TPWorld(args, rank, init_addr, followers=[])
-    runner = ModelRunner.from_args(resolve_model_path(args.model), args, world)
+    follow(world, ModelRunner.from_args(resolve_model_path(args.model), args, world))
+
+
+def follow(world: "TPWorld", runner: "ModelRunner") -> None:
+    """Run rank 0's steps until it says stop, then leave the process groups."""
     while True:
         step = world.recv_batch()
         if step is None:
+            world.leave()
             return
         batch, page_copies = step
         runner.apply_page_copies(page_copies)

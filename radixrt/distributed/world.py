@@ -200,6 +200,13 @@ class TPWorld:
             except subprocess.TimeoutExpired:
                 pass
         self.abort()
+        self.leave()
+
+    def leave(self) -> None:
+        """Destroy this process's groups. A process that reaches interpreter shutdown with them alive can abort
+        (std::terminate: CPython ends a gloo thread that needs the GIL during shutdown through C++ frames).
+        The groups' threads stop when the last reference to them goes: ours to the control group too."""
+        self.control = None
         if dist.is_initialized():
             dist.destroy_process_group()
         torch.set_num_threads(self._threads)
