@@ -1,7 +1,8 @@
 """C++ CPU kernels (kernels/csrc), compiled on first use with torch's JIT extension builder and cached.
 
 ``rms_norm`` (with the residual add fused in), ``silu_and_mul`` and ``rotary_embedding`` each replace a chain
-of small torch ops of a decoder layer. ``paged_decode`` reads each request's K/V pages where they lie in the
+of small torch ops of a decoder layer. ``linear_panels`` is the fp32 linear layer of CPUs with AVX2 and no
+AVX-512 (see radixrt.model.cpu_linear). ``paged_decode`` reads each request's K/V pages where they lie in the
 pool: the torch path must first copy every request's whole history (``gather_pages``) and then read the copy
 again, which at long contexts costs more than the attention itself. Build once: ``python -m radixrt.kernels.cpu_kernels`` (about 50 s with
 gcc; later loads take well under a second).
@@ -31,7 +32,8 @@ from types import ModuleType
 import torch
 
 logger = logging.getLogger(__name__)
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_decode.cpp", "fused_ops.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_decode.cpp", "fused_ops.cpp",
+                                                                   "linear_panels.cpp")]
 
 
 def enabled() -> bool:
@@ -193,6 +195,22 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
                      sin_cache: torch.Tensor) -> None:
     """Neox-style (rotate-half) RoPE of ``q`` ``[T, H, D]`` and ``k`` ``[T, KH, D]`` in place."""
     _call("radixrt::rotary_embedding", _module().rotary_embedding, positions, q, k, cos_cache, sin_cache)
+
+
+def linear_panels_usable() -> bool:
+    """Whether this CPU runs the AVX2/FMA fp32 panel kernel (:func:`linear_panels`): built here with it."""
+    module = load()
+    return module is not None and module.linear_panels_built()
+
+
+def pack_linear_panels(weight: torch.Tensor) -> torch.Tensor:
+    """An fp32 ``weight`` ``[out, in]`` as panels of 16 outputs, ``[ceil(out / 16), in, 16]``, for :func:`linear_panels`."""
+    return _module().pack_linear_panels(weight.detach())
+
+
+def linear_panels(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
+    """``x @ W^T (+ bias)`` in fp32 with ``W`` packed by :func:`pack_linear_panels`; ``x`` ``[..., in]``."""
+    return _call("radixrt::linear_panels", _module().linear_panels, x, panels, int(out_features), bias)
 
 
 def _call(name: str, kernel, *args):

@@ -1,4 +1,5 @@
-"""CPU linear layers with oneDNN-prepacked weights must compute what F.linear computes."""
+"""CPU linear layers with prepacked weights (the AVX2 panel kernel, oneDNN's) must compute what F.linear
+computes, and each CPU gets the kernel meant for it."""
 
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixrt.kernels import cpu_kernels
 from radixrt.model import cpu_linear
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.parallel import ColumnParallelLinear, RowParallelLinear
@@ -16,20 +18,74 @@ from tiny_models import save_tiny_model
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
 
-@needs_mkldnn
-@pytest.mark.parametrize("rows", [1, 7, 64, 300])
-def test_packed_linear_equals_f_linear(rows):
-    gen = torch.Generator().manual_seed(rows)
-    weight, bias = torch.randn(96, 40, generator=gen), torch.randn(96, generator=gen)
+@pytest.fixture(params=["onednn", "panels"])
+def kernel(request, monkeypatch):
+    """Each kernel in turn. The panel kernel must build on every CPU this project runs on (all have AVX2)."""
+    monkeypatch.setenv(cpu_linear.KERNEL_ENV, request.param)
+    if request.param == "onednn" and not torch.backends.mkldnn.is_available():
+        pytest.skip("torch built without oneDNN")
+    if request.param == "panels":
+        assert cpu_kernels.linear_panels_usable(), "the panel kernel did not build with AVX2/FMA here"
+    return request.param
+
+
+# rows: every tile size (1-6, 8 as 4 + 4) and tail, a block of 128 and past it; outputs: a partial last panel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 13, 64, 128, 131, 300])
+@pytest.mark.parametrize("outputs", [96, 37])
+def test_packed_linear_equals_f_linear(kernel, rows, outputs):
+    gen = torch.Generator().manual_seed(rows * outputs)
+    weight, bias = torch.randn(outputs, 40, generator=gen), torch.randn(outputs, generator=gen)
     x = torch.randn(rows, 40, generator=gen)
     packed = cpu_linear.pack_weight(weight)
-    assert packed is not None and packed.is_mkldnn
-    torch.testing.assert_close(cpu_linear.packed_linear(x, packed, bias), F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
+    assert packed is not None and packed.kernel == kernel and packed.out_features == outputs
+    assert (packed.data.is_mkldnn) == (kernel == "onednn")
+    want = F.linear(x, weight, bias)
+    torch.testing.assert_close(cpu_linear.packed_linear(x, packed, bias), want, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(cpu_linear.packed_linear(x, packed), want - bias, atol=1e-4, rtol=1e-5)
 
 
-@needs_mkldnn
+def test_panels_take_any_leading_shape_and_a_strided_input(monkeypatch):
+    monkeypatch.setenv(cpu_linear.KERNEL_ENV, "panels")
+    weight = torch.randn(50, 24)
+    packed = cpu_linear.pack_weight(weight)
+    assert packed.kernel == "panels"
+    x = torch.randn(3, 5, 48)[..., ::2]  # [3, 5, 24], not contiguous
+    torch.testing.assert_close(cpu_linear.packed_linear(x, packed), F.linear(x, weight), atol=1e-4, rtol=1e-5)
+
+
+def test_panels_refuse_a_mismatched_input_clearly(monkeypatch):
+    monkeypatch.setenv(cpu_linear.KERNEL_ENV, "panels")
+    packed = cpu_linear.pack_weight(torch.randn(16, 8))
+    with pytest.raises(RuntimeError, match="input has 9 features, the weight 8"):
+        cpu_linear.packed_linear(torch.randn(2, 9), packed)
+    with pytest.raises(RuntimeError, match="float32"):
+        cpu_linear.packed_linear(torch.randn(2, 8, dtype=torch.float64), packed)
+
+
+@pytest.mark.parametrize("flags, panels", [
+    ({"avx2", "fma"}, True),  # AVX2-only EPYC: the panel kernel beat oneDNN there
+    ({"avx2", "fma", "avx512f", "avx512_bf16"}, False),  # Zen 4: oneDNN's AVX-512 kernels
+    ({"avx2", "fma", "avx512f", "amx_bf16"}, False),  # Sapphire Rapids
+    ({"sse4_2"}, False),
+])
+def test_the_panel_kernel_is_preferred_on_avx2_cpus_without_avx512(flags, panels):
+    assert cpu_linear.prefers_panels(frozenset(flags)) is panels
+
+
+def test_the_kernel_choice_follows_the_cpu_and_the_dtype(monkeypatch):
+    monkeypatch.delenv(cpu_linear.KERNEL_ENV, raising=False)
+    expected = "panels" if cpu_linear.prefers_panels(cpu_linear._cpu_flags()) else "onednn"
+    assert cpu_linear.choose_kernel(torch.ones(4, 4)) == expected
+    assert cpu_linear.choose_kernel(torch.ones(4, 4, dtype=torch.bfloat16)) == "onednn"  # panels are fp32 only
+    monkeypatch.setenv(cpu_linear.KERNEL_ENV, "panels")
+    assert cpu_linear.choose_kernel(torch.ones(4, 4, dtype=torch.bfloat16)) == "onednn"
+    monkeypatch.setenv(cpu_linear.KERNEL_ENV, "fastest")
+    with pytest.raises(ValueError, match="RADIXRT_CPU_LINEAR='fastest'"):
+        cpu_linear.choose_kernel(torch.ones(4, 4))
+
+
 @pytest.mark.parametrize("layer_cls", [ColumnParallelLinear, RowParallelLinear])
-def test_layer_packs_and_frees_its_plain_weight(layer_cls):
+def test_layer_packs_and_frees_its_plain_weight(kernel, layer_cls):
     layer = layer_cls(40, [96], bias=True) if layer_cls is ColumnParallelLinear else layer_cls(40, 96, bias=True)
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)
@@ -48,6 +104,7 @@ def test_bf16_packs_only_where_onednn_has_a_kernel():
     expected = layer(x).float()
     packed = layer.pack()
     assert (layer.packed is not None) == packed and (layer.weight is None) == packed
+    assert not packed or layer.packed.kernel == "onednn"
     torch.testing.assert_close(layer(x).float(), expected, atol=0.1, rtol=0.02)
 
 
@@ -60,15 +117,14 @@ def test_env_var_keeps_f_linear():
     assert out.stdout.strip() == "None"
 
 
-@needs_mkldnn
 @pytest.mark.parametrize("family", ["llama", "untied-gqa1"])
-def test_runner_logits_same_packed_or_not(tmp_path, monkeypatch, family):
+def test_runner_logits_same_packed_or_not(tmp_path, monkeypatch, kernel, family):
     save_tiny_model(family, tmp_path)
     packed = ModelRunner(tmp_path, dtype="float32", num_pages=16, page_size=4)
     monkeypatch.setenv("RADIXRT_DISABLE_PACKED_LINEAR", "1")
     plain = ModelRunner(tmp_path, dtype="float32", num_pages=16, page_size=4)
     assert packed.packed_linears == 2 * 4 + 1 and plain.packed_linears == 0
-    assert packed.model.packed_head is not None
+    assert packed.model.packed_head is not None and packed.model.packed_head.kernel == kernel
     batch = [SeqChunk([1, 5, 9, 30, 2], 0, [1, 2], logits_from=0), SeqChunk([7, 3], 0, [3])]
     torch.testing.assert_close(
         packed.forward(ForwardBatch.build(batch, 4)), plain.forward(ForwardBatch.build(batch, 4)), atol=1e-4, rtol=1e-4

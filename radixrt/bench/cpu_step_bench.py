@@ -7,8 +7,9 @@ decode step over distinct prompts, the prefill and a decode step of requests tha
 with the cascade attention on and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off), and a decode
 step at long distinct contexts (``--long-batch`` x ``--long-len``, the multi-turn chat case). Run it again with
 ``RADIXRT_DISABLE_MALLOC_TUNING=1``, ``RADIXRT_DISABLE_PACKED_LINEAR=1`` or ``RADIXRT_DISABLE_CPU_KERNELS=1``
-for the effect of each. ``--ab-packed-linear`` instead times the prepacked and the plain linear layers
-interleaved in one process (two runners), which this VM's drift between runs makes the fairer comparison;
+for the effect of each. ``--ab-packed-linear`` instead times the linear layers on the AVX2 panel kernel,
+on oneDNN's prepacked kernel and on plain ``F.linear`` interleaved in one process (three runners), which this
+VM's drift between runs makes the fairer comparison;
 ``--ab-fused-ops`` does the same for the fused C++ element-wise ops against the torch ops they replace.
 """
 
@@ -24,6 +25,7 @@ import torch
 
 from radixrt.kernels import cpu_kernels, torch_cascade
 from radixrt.model import layers
+from radixrt.model.cpu_linear import KERNEL_ENV
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.runner import ModelRunner
 from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--long-len", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--ab-packed-linear", action="store_true",
-                        help="only compare prepacked vs plain linear layers, interleaved")
+                        help="only compare the panel, oneDNN and plain linear layers, interleaved")
     parser.add_argument("--ab-fused-ops", action="store_true",
                         help="only compare the fused C++ element-wise ops vs torch ops, interleaved")
     args = parser.parse_args(argv)
@@ -130,21 +132,26 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _ab_packed_linear(args) -> None:
-    """A prefill chunk and a decode step, alternating a prepacked and a plain runner."""
+    """A prefill chunk and a decode step, alternating runners whose linears run the panel kernel, oneDNN's
+    prepacked kernel, or plain ``F.linear``."""
     path = resolve_model_path(args.model)
     own = -(-(args.prompt_len + 2) // PAGE_SIZE)
     runners = {}
-    for label, env in (("packed", None), ("plain", "1")):
-        previous = os.environ.pop("RADIXRT_DISABLE_PACKED_LINEAR", None)
-        if env:
-            os.environ["RADIXRT_DISABLE_PACKED_LINEAR"] = env
+    settings = {"panels": {KERNEL_ENV: "panels"}, "onednn": {KERNEL_ENV: "onednn"},
+                "plain": {"RADIXRT_DISABLE_PACKED_LINEAR": "1"}}
+    for label, env in settings.items():
+        previous = {name: os.environ.pop(name, None) for name in (KERNEL_ENV, "RADIXRT_DISABLE_PACKED_LINEAR")}
+        os.environ.update(env)
         try:
             runners[label] = ModelRunner(path, dtype=args.dtype, page_size=PAGE_SIZE, num_pages=1 + args.batch * own)
         finally:
-            os.environ.pop("RADIXRT_DISABLE_PACKED_LINEAR", None)
-            if previous is not None:
-                os.environ["RADIXRT_DISABLE_PACKED_LINEAR"] = previous
-    print(f"{args.dtype}, {torch.get_num_threads()} threads, {runners['packed'].packed_linears} layers prepacked")
+            for name, value in previous.items():
+                os.environ.pop(name, None)
+                if value is not None:
+                    os.environ[name] = value
+    kinds = {label: {m.packed.kernel for m in r.model.modules() if getattr(m, "packed", None) is not None}
+             for label, r in runners.items()}
+    print(f"{args.dtype}, {torch.get_num_threads()} threads, kernels per runner: {kinds}")
     _time_interleaved(args, {label: (runner, lambda: None) for label, runner in runners.items()})
 
 

@@ -16,7 +16,7 @@ from torch import nn
 from radixrt.model.attention import AttentionBackend
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.layers import RMSNorm, RotaryEmbedding, silu_and_mul
-from radixrt.model.cpu_linear import pack_weight, packed_linear
+from radixrt.model.cpu_linear import PackedWeight, pack_weight, packed_linear
 from radixrt.model.parallel import (
     SINGLE,
     ColumnParallelLinear,
@@ -169,7 +169,7 @@ class LlamaForCausalLM(nn.Module):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.tp = tp
-        self.packed_head: torch.Tensor | None = None
+        self.packed_head: PackedWeight | None = None
 
     def _head_weight(self) -> torch.Tensor:
         return (self.embed_tokens if self.lm_head is None else self.lm_head).weight

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixrt.model.cpu_linear import pack_weight, packed_linear
+from radixrt.model.cpu_linear import PackedWeight, pack_weight, packed_linear
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class PackableLinear(nn.Module):
     """A linear map whose weight can be swapped, after loading, for a CPU-prepacked copy (cpu_linear)."""
 
     weight: nn.Parameter | None
-    packed: torch.Tensor | None = None
+    packed: PackedWeight | None = None
 
     def pack(self) -> bool:
         """Prepack the weight for the CPU and free the plain copy; False where this CPU/dtype has no kernel."""
