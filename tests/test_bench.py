@@ -141,6 +141,17 @@ def test_truncated_sharegpt_keeps_whole_records():
     assert [d["id"] for d in w.decode_conversations(raw[:-20])] == ["a"]
 
 
+def test_linear_bench_times_every_kernel_at_every_row_count(capsys):
+    from radixrt.bench import linear_bench
+
+    assert linear_bench.main(["--rows", "1,7", "--layers", "2", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "kernels: panels, onednn, plain" in out  # every CPU this project runs on has AVX2 and oneDNN
+    assert "| rows | panels ms (GFLOPS) | onednn ms (GFLOPS) | plain ms (GFLOPS) |" in out
+    rows = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 7 |"))]
+    assert len(rows) == 2 and all(line.count("(") == 3 for line in rows)
+
+
 @pytest.mark.model
 def test_cpu_step_bench_runs_every_section(capsys):
     from radixrt.bench import cpu_step_bench
@@ -157,7 +168,9 @@ def test_cpu_step_bench_runs_every_section(capsys):
     assert "batch 2, context 40 (distinct)" in out
     cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--repeats", "1", "--ab-packed-linear"])
     out = capsys.readouterr().out
-    assert "decode step, batch 2, context 16: packed median" in out and "plain median" in out
+    assert "decode step, batch 2, context 16: panels median" in out
+    assert "onednn median" in out and "plain median" in out
+    assert "'panels': {'panels'}, 'onednn': {'onednn'}, 'plain': set()" in out  # each runner on its kernel
     assert torch_cascade.MAX_GROUPS == groups
     cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--repeats", "1", "--ab-fused-ops"])
     out = capsys.readouterr().out

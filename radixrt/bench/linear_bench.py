@@ -1,0 +1,81 @@
+"""The CPU linear kernels side by side: the default model's projections at decode and prefill row counts.
+
+    python -m radixrt.bench.linear_bench [--rows 1,8,16,32,64,128,512,2048] [--layers 30] [--rounds 2]
+
+For each row count, each kernel of radixrt.model.cpu_linear that runs here (``panels`` where it is built,
+``onednn`` where torch has oneDNN) and plain ``F.linear`` compute the four projections of a decoder layer
+(fused q/k/v, o, fused gate/up, down; SmolLM2-135M's shapes) over ``--layers`` layers' distinct random weights,
+so that the weights come from memory as in a forward pass. Kernels alternate within a round; each figure is
+the best round's time for all layers, with the GFLOPS it means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from radixrt.model import cpu_linear
+
+# (name, in_features, out_features) of SmolLM2-135M's projections: hidden 576, 9 q / 3 kv heads of 64, MLP 1536
+SHAPES = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
+
+
+def _kernels() -> list[str]:
+    found = []
+    os.environ[cpu_linear.KERNEL_ENV] = "panels"
+    try:
+        if cpu_linear.choose_kernel(torch.ones(1, 1)) == "panels":
+            found.append("panels")
+    finally:
+        os.environ.pop(cpu_linear.KERNEL_ENV)
+    if torch.backends.mkldnn.is_available():
+        found.append("onednn")
+    return found + ["plain"]
+
+
+def _prepare(kernel: str, weights: list[torch.Tensor]):
+    if kernel == "plain":
+        return lambda x, i: F.linear(x, weights[i])
+    os.environ[cpu_linear.KERNEL_ENV] = kernel
+    try:
+        packed = [cpu_linear.pack_weight(w) for w in weights]
+    finally:
+        os.environ.pop(cpu_linear.KERNEL_ENV)
+    return lambda x, i: cpu_linear.packed_linear(x, packed[i])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,8,16,32,64,128,512,2048")
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    kernels = _kernels()
+    weights = {name: [torch.randn(n, k) * 0.02 for _ in range(args.layers)] for name, k, n in SHAPES}
+    runs = {kernel: {name: _prepare(kernel, ws) for name, ws in weights.items()} for kernel in kernels}
+    print(f"{torch.get_num_threads()} threads, float32, {args.layers} layers' weights, kernels: {', '.join(kernels)}")
+    print("| rows | " + " | ".join(f"{k} ms (GFLOPS)" for k in kernels) + " |")
+    print("|---:|" + "---:|" * len(kernels))
+    for rows in (int(r) for r in args.rows.split(",")):
+        xs = {name: torch.randn(rows, k) for name, k, _ in SHAPES}
+        flops = sum(2 * rows * k * n * args.layers for _, k, n in SHAPES)
+        best = {kernel: float("inf") for kernel in kernels}
+        for _ in range(args.rounds + 1):  # the first round warms up
+            for kernel in kernels:
+                start = time.perf_counter()
+                for name, _, _ in SHAPES:
+                    for i in range(args.layers):
+                        runs[kernel][name](xs[name], i)
+                best[kernel] = min(best[kernel], time.perf_counter() - start)
+        cells = [f"{best[k] * 1e3:.1f} ({flops / best[k] / 1e9:.0f})" for k in kernels]
+        print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
