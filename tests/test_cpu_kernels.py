@@ -205,12 +205,15 @@ def test_model_decode_same_with_and_without_the_kernel(tmp_path, monkeypatch, fa
     from tiny_models import save_tiny_model
 
     save_tiny_model(family, tmp_path)
-    runner = ModelRunner(tmp_path, dtype="float32", num_pages=32, page_size=4)
     prompts = [[3, 8, 1, 9, 4, 4, 7, 2, 11], [5, 6], [1, 2, 3, 4, 5, 6, 7]]
     pages = [[1, 2, 3], [4], [5, 6]]
-    runner.forward(ForwardBatch.build([SeqChunk(p, 0, pg) for p, pg in zip(prompts, pages)], 4))
-    step = ForwardBatch.build([SeqChunk([9], len(p), pg) for p, pg in zip(prompts, pages)], 4)
-    with_kernel = runner.forward(step)
+
+    def prefill_then_decode() -> torch.Tensor:
+        # a runner of its own: its linear layers are packed for the kernels present when it loads
+        runner = ModelRunner(tmp_path, dtype="float32", num_pages=32, page_size=4)
+        runner.forward(ForwardBatch.build([SeqChunk(p, 0, pg) for p, pg in zip(prompts, pages)], 4))
+        return runner.forward(ForwardBatch.build([SeqChunk([9], len(p), pg) for p, pg in zip(prompts, pages)], 4))
+
+    with_kernel = prefill_then_decode()
     monkeypatch.setattr(cpu_kernels, "load", lambda: None)
-    step = ForwardBatch.build([SeqChunk([9], len(p), pg) for p, pg in zip(prompts, pages)], 4)
-    torch.testing.assert_close(with_kernel, runner.forward(step), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(with_kernel, prefill_then_decode(), atol=1e-5, rtol=1e-5)
