@@ -21,6 +21,25 @@ def default_model_path() -> Path:
     return resolve_model_path(DEFAULT_MODEL)
 
 
+@pytest.fixture(scope="module")
+def server(request, default_model_path):
+    """`radixrt serve` started once for a test module, with that module's `SERVER_ARGS`."""
+    from radixrt.server.server_process import ServerProcess
+
+    srv = ServerProcess(request.module.SERVER_ARGS).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(request, server):
+    """An HTTP client of the module's server; `HTTP_TIMEOUT` in the module overrides 120 s."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=getattr(request.module, "HTTP_TIMEOUT", 120)) as client:
+        yield client
+
+
 @pytest.fixture(scope="session")
 def cpu_kernel_module():
     """The built C++ CPU kernels. Skips only where they are off by design (switched off, no compiler or no

@@ -11,32 +11,18 @@ import importlib.util
 import json
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from radixrt.bench.tool_calls import PROMPTS, TOOLS, answer_problem, ask
-from radixrt.server.server_process import ServerProcess
 
 pytestmark = pytest.mark.model
 
+HTTP_TIMEOUT = 300
 SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.2", "--log-interval", "0", "--debug-checks"]
 MODEL = "smollm2-135m"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WEATHER = [{"role": "user", "content": "What's the weather like in Paris right now?"}]
-
-
-@pytest.fixture(scope="module")
-def server(default_model_path):
-    srv = ServerProcess(SERVER_ARGS).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=300) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,5 @@
 """RequestGuard and GuardedH11Protocol on a toy app served by uvicorn: keys, body limits, slow clients."""
 
-import asyncio
 import socket
 import threading
 import time

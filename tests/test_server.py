@@ -16,7 +16,6 @@ import openai
 import pytest
 
 import radixrt
-from radixrt.server.server_process import ServerProcess
 from radixrt.tokenizer import apply_chat_template
 
 pytestmark = pytest.mark.model
@@ -24,19 +23,6 @@ pytestmark = pytest.mark.model
 SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.15", "--log-interval", "0", "--debug-checks"]
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:"]
-
-
-@pytest.fixture(scope="module")
-def server(default_model_path):
-    srv = ServerProcess(SERVER_ARGS).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,16 @@ machine, must not hide a disconnect); the others check it end to end on a real s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
 
-import asyncio
-
-import httpx
 import pytest
 from starlette.requests import Request
 
 from radixrt.response import ResponseBuilder
 from radixrt.server.client_wait import ClientGone, gather
-from radixrt.server.server_process import ServerProcess
 from radixrt.server.tokenizer_manager import ReqState
 
 MAX_NEW = 1500  # far more than the steps the test waits: a request left running would still be decoding
@@ -78,17 +75,7 @@ def test_disconnect_of_a_busy_request_aborts_it_at_once():
     assert asyncio.run(scenario()) < 0.1
 
 
-@pytest.fixture(scope="module")
-def server(default_model_path):
-    srv = ServerProcess(["--dtype", "float32", "--kv-memory-gb", "0.1", "--log-interval", "0"]).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
+SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.1", "--log-interval", "0"]
 
 
 def send_request(port: int, path: str, body: dict) -> socket.socket:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from radixrt.bench.fuzz_http import SERVER_ARGS, bounded_schema, cap_cost, run_fuzz
+# SERVER_ARGS: what conftest's `server` fixture starts the server with
+from radixrt.bench.fuzz_http import SERVER_ARGS, bounded_schema, cap_cost, run_fuzz  # noqa: F401 (SERVER_ARGS)
 from radixrt.sampling.params import SamplingParams
 from radixrt.server.openapi import BOUNDS, ApiLimits, build_openapi
-from radixrt.server.server_process import ServerProcess
 
 ROUTES = {"/generate": {"post"}, "/v1/completions": {"post"}, "/v1/chat/completions": {"post"},
           "/v1/models": {"get"}, "/get_model_info": {"get"}, "/get_server_info": {"get"},
@@ -79,13 +79,6 @@ def test_cap_cost_bounds_only_what_the_default_would_leave_open():
     completion = {"prompt": "x", "max_tokens": None}
     cap_cost("/v1/completions", completion)
     assert completion["max_tokens"] == 4
-
-
-@pytest.fixture(scope="module")
-def server(default_model_path):
-    srv = ServerProcess(SERVER_ARGS).start()
-    yield srv
-    srv.stop()
 
 
 @pytest.mark.model

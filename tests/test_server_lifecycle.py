@@ -12,17 +12,11 @@ import time
 import httpx
 import pytest
 
-from radixrt.server.server_process import ServerProcess
-
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture(scope="module")
-def server(default_model_path):
-    srv = ServerProcess(["--dtype", "float32", "--kv-memory-gb", "0.05", "--log-interval", "0",
-                         "--max-running-requests", "1", "--max-queued-requests", "1"]).start()
-    yield srv
-    srv.stop()
+SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.05", "--log-interval", "0",
+               "--max-running-requests", "1", "--max-queued-requests", "1"]
 
 
 def test_full_queue_answers_503_and_recovers(server):

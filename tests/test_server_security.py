@@ -14,8 +14,6 @@ import httpx
 import openai
 import pytest
 
-from radixrt.server.server_process import ServerProcess
-
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 USER, ADMIN = "sk-user-4c1d", "sk-admin-9e2f"
@@ -31,13 +29,6 @@ ROUTES = [("POST", "/generate"), ("GET", "/get_model_info"), ("GET", "/get_serve
 
 def auth(key: str) -> dict:
     return {"Authorization": f"Bearer {key}"}
-
-
-@pytest.fixture(scope="module")
-def server(default_model_path):
-    srv = ServerProcess(SERVER_ARGS).start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,9 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
 import jsonschema
 import openai
 import pytest
-
-from radixrt.server.server_process import ServerProcess
 
 pytestmark = pytest.mark.model
 
@@ -24,19 +21,6 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age"]}
 DATE = r"[12][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 ASK = [{"role": "user", "content": "Describe a person as JSON with a name and an age."}]
-
-
-@pytest.fixture(scope="module")
-def server(default_model_path):
-    srv = ServerProcess(SERVER_ARGS).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from radixrt.sampling import compat_fields
 from radixrt.sampling.compat_fields import Ignored, Unsupported, check_fields
 from radixrt.sampling.params import SamplingParams
 from radixrt.server import launch
-from radixrt.server.server_process import READY_LINE, ServerProcess
+from radixrt.server.server_process import READY_LINE
 
 pytestmark = pytest.mark.model
 
@@ -29,19 +29,6 @@ ROUTER_CHAT = {"model": "compat", "logprobs": False, "stream": False, "no_stop_t
                "continue_final_message": False, "skip_special_tokens": True, "separate_reasoning": True,
                "stream_reasoning": True, "return_hidden_states": False}
 MESSAGES = [{"role": "user", "content": "Say hi"}]
-
-
-@pytest.fixture(scope="module")
-def server(default_model_path):
-    srv = ServerProcess(SERVER_ARGS).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")
