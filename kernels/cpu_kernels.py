@@ -47,6 +47,12 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (``avx2``, ``avx512f``, ...)."""
+    return frozenset(_cpu_flags().partition(":")[2].split())
+
+
 def _vector_flags(cpu_flags: str) -> list[str]:
     """Which of ATen's vector implementations (at::vec, used for exp) the kernels compile against."""
     names = set(cpu_flags.split())

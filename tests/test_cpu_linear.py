@@ -74,7 +74,7 @@ def test_the_panel_kernel_is_preferred_on_avx2_cpus_without_avx512(flags, panels
 
 def test_the_kernel_choice_follows_the_cpu_and_the_dtype(monkeypatch):
     monkeypatch.delenv(cpu_linear.KERNEL_ENV, raising=False)
-    expected = "panels" if cpu_linear.prefers_panels(cpu_linear._cpu_flags()) else "onednn"
+    expected = "panels" if cpu_linear.prefers_panels(cpu_kernels.cpu_flags()) else "onednn"
     assert cpu_linear.choose_kernel(torch.ones(4, 4)) == expected
     assert cpu_linear.choose_kernel(torch.ones(4, 4, dtype=torch.bfloat16)) == "onednn"  # panels are fp32 only
     monkeypatch.setenv(cpu_linear.KERNEL_ENV, "panels")

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
 import torch
 
@@ -43,16 +41,6 @@ def packing_enabled(device: torch.device) -> bool:
     return device.type == "cpu" and os.environ.get("RADIXRT_DISABLE_PACKED_LINEAR") != "1"
 
 
-@lru_cache(maxsize=1)
-def _cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return frozenset(line.split(":", 1)[-1].split())
-
-
 def prefers_panels(flags: frozenset[str]) -> bool:
     """AVX2 with FMA and no AVX-512: where the panel kernel beat oneDNN (with AVX-512 oneDNN has wider vectors)."""
     return {"avx2", "fma"} <= flags and "avx512f" not in flags
@@ -63,7 +51,7 @@ def choose_kernel(weight: torch.Tensor) -> str:
     forced = os.environ.get(KERNEL_ENV)
     if forced is not None and forced not in KERNELS:
         raise ValueError(f"{KERNEL_ENV}={forced!r}; choose one of {', '.join(KERNELS)}")
-    wants_panels = forced == "panels" or (forced is None and prefers_panels(_cpu_flags()))
+    wants_panels = forced == "panels" or (forced is None and prefers_panels(cpu_kernels.cpu_flags()))
     if wants_panels and weight.dtype == torch.float32 and cpu_kernels.linear_panels_usable():
         return "panels"
     return "onednn"
