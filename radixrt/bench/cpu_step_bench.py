@@ -20,6 +20,7 @@ import os
 import time
 from types import SimpleNamespace
 from typing import Callable
+from unittest import mock
 
 import torch
 
@@ -140,15 +141,10 @@ def _ab_packed_linear(args) -> None:
     settings = {"panels": {KERNEL_ENV: "panels"}, "onednn": {KERNEL_ENV: "onednn"},
                 "plain": {"RADIXRT_DISABLE_PACKED_LINEAR": "1"}}
     for label, env in settings.items():
-        previous = {name: os.environ.pop(name, None) for name in (KERNEL_ENV, "RADIXRT_DISABLE_PACKED_LINEAR")}
-        os.environ.update(env)
-        try:
-            runners[label] = ModelRunner(path, dtype=args.dtype, page_size=PAGE_SIZE, num_pages=1 + args.batch * own)
-        finally:
-            for name, value in previous.items():
+        with mock.patch.dict(os.environ, env):  # restores the environment, removed names included
+            for name in {KERNEL_ENV, "RADIXRT_DISABLE_PACKED_LINEAR"} - env.keys():
                 os.environ.pop(name, None)
-                if value is not None:
-                    os.environ[name] = value
+            runners[label] = ModelRunner(path, dtype=args.dtype, page_size=PAGE_SIZE, num_pages=1 + args.batch * own)
     kinds = {label: {m.packed.kernel for m in r.model.modules() if getattr(m, "packed", None) is not None}
              for label, r in runners.items()}
     print(f"{args.dtype}, {torch.get_num_threads()} threads, kernels per runner: {kinds}")

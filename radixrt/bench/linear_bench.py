@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -26,12 +27,9 @@ SHAPES = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1
 
 def _kernels() -> list[str]:
     found = []
-    os.environ[cpu_linear.KERNEL_ENV] = "panels"
-    try:
+    with mock.patch.dict(os.environ, {cpu_linear.KERNEL_ENV: "panels"}):
         if cpu_linear.choose_kernel(torch.ones(1, 1)) == "panels":
             found.append("panels")
-    finally:
-        os.environ.pop(cpu_linear.KERNEL_ENV)
     if torch.backends.mkldnn.is_available():
         found.append("onednn")
     return found + ["plain"]
@@ -40,11 +38,8 @@ def _kernels() -> list[str]:
 def _prepare(kernel: str, weights: list[torch.Tensor]):
     if kernel == "plain":
         return lambda x, i: F.linear(x, weights[i])
-    os.environ[cpu_linear.KERNEL_ENV] = kernel
-    try:
+    with mock.patch.dict(os.environ, {cpu_linear.KERNEL_ENV: kernel}):
         packed = [cpu_linear.pack_weight(w) for w in weights]
-    finally:
-        os.environ.pop(cpu_linear.KERNEL_ENV)
     return lambda x, i: cpu_linear.packed_linear(x, packed[i])
 
 
