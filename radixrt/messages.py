@@ -158,13 +158,14 @@ class SchedulerStats(msgspec.Struct, tag=True):
     cache_miss_tokens: int
     partial_tokens_reused: int
     evicted_pages: int
-    num_retractions: int
+    num_retractions: int  # running requests retracted under memory pressure
     last_step_seconds: float
     steps: int
     jump_forwards: int = 0  # constrained decoding: jump-forwards applied
     jump_forward_tokens: int = 0  # output tokens they added net (decode forward steps saved for those requests)
     sessions_open: int = 0  # open sessions (radixrt.scheduler.sessions)
     pages_pinned: int = 0  # KV pages sessions pin in the prefix cache (summed over sessions)
+    num_preemptions: int = 0  # running requests retracted to make room for a more urgent one
 
 
 # ----- server mode: handshake and control replies (scheduler / detokenizer -> tokenizer side) -----------

@@ -27,6 +27,8 @@ class ServerArgs:
     attention_backend: str = field(default="auto", metadata={"help": "auto, torch or triton"})
     schedule_policy: str = field(default="lpm", metadata={"help": "lpm, dfs-weight or fcfs"})
     schedule_low_priority_values_first: bool = field(default=False, metadata={"help": "a request's smaller priority value is the more urgent (default: the larger, as SGLang)"})
+    priority_scheduling_preemption_threshold: int = field(default=10, metadata={"help": "a waiting request more urgent than running ones by more than this many priority levels retracts them when it finds no room (SGLang's default: 10)"})
+    disable_priority_preemption: bool = field(default=False, metadata={"help": "priorities order the waiting queue only; a running request is never retracted for a more urgent one"})
     chunked_prefill_size: int = field(default=2048, metadata={"help": "prefill tokens per step (chunked prefill)"})
     enable_mixed_chunk: bool = field(default=False, metadata={"help": "decode in the same steps as prefill chunks (default: prefill first)"})
     max_running_requests: int = field(default=64, metadata={"help": "requests decoded together at most"})

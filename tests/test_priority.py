@@ -1,6 +1,8 @@
 """Request priorities (SGLang's ``priority``): admission takes the most urgent first and, within one priority, the
-policy's order; memory pressure retracts the least urgent first; ``--schedule-low-priority-values-first`` flips
-which end is urgent; bad values are refused (ValueError in process, 400 over HTTP) and the runtime goes on.
+policy's order; memory pressure retracts the least urgent first; a request that finds no slot or pages preempts
+running requests it outranks by more than the threshold (only when that makes room);
+``--schedule-low-priority-values-first`` flips which end is urgent; bad values are refused (ValueError in
+process, 400 over HTTP) and the runtime goes on.
 
 The scheduler tests run a real Scheduler over the simulation's FakeRunner (no model, no tokenizer); the Engine
 and server tests use the default model.
@@ -167,6 +169,132 @@ def test_memory_pressure_retracts_the_least_urgent_request(first_priority, secon
     assert scheduler.pool.num_free + scheduler.cache.evictable_pages == 16
 
 
+# ----- priority preemption -----------------------------------------------------------------------------------
+
+
+def run_all(scheduler: Scheduler, msgs: list[GenerateReq], first_outputs: int = 4) -> dict[str, Req]:
+    """Submit ``msgs[0]``, step until it has ``first_outputs`` outputs, submit the rest, run until idle; the
+    Req of every request by rid."""
+    reqs: dict[str, Req] = {}
+
+    def remember() -> None:
+        for r in scheduler.running:
+            reqs.setdefault(r.rid, r)
+
+    scheduler.submit(msgs[0])
+    run_until(scheduler, lambda: bool(scheduler.running) and len(scheduler.running[0].output_ids) >= first_outputs)
+    remember()
+    for msg in msgs[1:]:
+        scheduler.submit(msg)
+    for _ in range(2_000):
+        scheduler.step()
+        remember()
+        if scheduler.idle:
+            break
+    assert scheduler.idle
+    return reqs
+
+
+def assert_solo_outputs_and_idle_pages(scheduler: Scheduler, sink: DeltaSink, msgs: list[GenerateReq]) -> None:
+    for msg in msgs:
+        assert sink.finished[msg.rid].type == "length"
+        assert sink.output(msg.rid) == solo_output(msg), msg.rid
+    assert not sink.problems
+    assert scheduler.pool.num_free + scheduler.cache.evictable_pages == scheduler.pool.num_pages
+    assert scheduler.cache.protected_pages == 0
+
+
+@pytest.mark.parametrize("low_values_first", [False, True])
+def test_an_urgent_request_preempts_for_a_slot(low_values_first):
+    """One slot, a long batch request in it: a request more than the threshold more urgent takes the slot at
+    once and finishes first; the batch request resumes where it was and its output equals its solo run."""
+    sign = -1 if low_values_first else 1
+    scheduler, sink = make_scheduler(max_running_requests=1, schedule_low_priority_values_first=low_values_first)
+    msgs = [message("batch", prompt(0), 30, 0), message("urgent", prompt(20), 3, sign * 11)]
+    reqs = run_all(scheduler, msgs)
+    assert sink.newly_finished == ["urgent", "batch"]
+    assert reqs["batch"].num_retractions == 1 and reqs["urgent"].num_retractions == 0
+    stats = scheduler.stats()
+    assert stats.num_preemptions == 1 and stats.num_retractions == 0
+    assert_solo_outputs_and_idle_pages(scheduler, sink, msgs)
+
+
+@pytest.mark.parametrize("urgent_priority,options", [
+    (10, {}),  # a gap of exactly the threshold is not enough
+    (3, {"priority_scheduling_preemption_threshold": 3}),
+    (50, {"disable_priority_preemption": True}),
+    (-50, {}),  # less urgent
+])
+def test_no_preemption_below_the_threshold_or_when_disabled(urgent_priority, options):
+    scheduler, sink = make_scheduler(max_running_requests=1, **options)
+    msgs = [message("batch", prompt(0), 30, 0), message("urgent", prompt(20), 3, urgent_priority)]
+    reqs = run_all(scheduler, msgs)
+    assert sink.newly_finished == ["batch", "urgent"]
+    assert reqs["batch"].num_retractions == 0 and scheduler.stats().num_preemptions == 0
+
+
+def test_a_gap_above_a_custom_threshold_preempts():
+    scheduler, sink = make_scheduler(max_running_requests=1, priority_scheduling_preemption_threshold=3)
+    run_all(scheduler, [message("batch", prompt(0), 30, 0), message("urgent", prompt(20), 3, 4)])
+    assert sink.newly_finished == ["urgent", "batch"]
+
+
+def test_the_least_urgent_and_latest_running_request_is_the_victim():
+    """Three slots: a priority-5 request and two priority-0 ones run; an urgent one (30) preempts exactly one,
+    the latest of the two priority-0 requests."""
+    scheduler, sink = make_scheduler(max_running_requests=3, schedule_policy="fcfs")
+    msgs = [message("old-low", prompt(0), 30, 0), message("mid", prompt(10), 30, 5),
+            message("new-low", prompt(20), 30, 0)]
+    for msg in msgs:
+        scheduler.submit(msg)
+    run_until(scheduler, lambda: len(scheduler.running) == 3 and all(r.output_ids for r in scheduler.running))
+    reqs = {r.rid: r for r in scheduler.running}
+    urgent = message("urgent", prompt(30), 3, 30)
+    scheduler.submit(urgent)
+    run_until(scheduler, lambda: scheduler.idle)
+    assert [rid for rid, r in reqs.items() if r.num_retractions] == ["new-low"]
+    assert sink.newly_finished[0] == "urgent"
+    assert scheduler.stats().num_preemptions == 1
+    assert_solo_outputs_and_idle_pages(scheduler, sink, [*msgs, urgent])
+
+
+def test_an_urgent_request_preempts_for_pages():
+    """A 16-page pool: a batch request holds most of it; an urgent request whose pages do not fit beside it
+    preempts it although a slot is free."""
+    scheduler, sink = make_scheduler(num_pages=16, schedule_policy="fcfs")
+    msgs = [message("batch", prompt(0, 30), 26, 0), message("urgent", prompt(25, 20), 8, 20)]
+    reqs = run_all(scheduler, msgs, first_outputs=8)
+    assert sink.newly_finished == ["urgent", "batch"]
+    assert reqs["batch"].num_retractions == 1
+    assert scheduler.stats().num_preemptions == 1
+    assert_solo_outputs_and_idle_pages(scheduler, sink, msgs)
+
+
+def test_no_victims_that_could_not_make_room():
+    """A 16-page pool, two requests running and only the small one outranked: its pages would not make room for
+    the urgent request, so neither is touched and the urgent request waits for the big one to finish."""
+    scheduler, sink = make_scheduler(num_pages=16, schedule_policy="fcfs")
+    big_high = message("big-high", prompt(10, 24), 12, 50)  # 9 pages at the end
+    small_low = message("small-low", prompt(0, 6), 10, 0)  # 4 pages at the end
+    urgent = message("urgent", prompt(30, 28), 8, 20)  # 8 pages to start, 9 at the end
+    scheduler.submit(big_high)
+    run_until(scheduler, lambda: bool(scheduler.running))
+    scheduler.submit(small_low)
+    run_until(scheduler, lambda: len(scheduler.running) == 2 and all(r.output_ids for r in scheduler.running))
+    reqs = {r.rid: r for r in scheduler.running}
+    scheduler.submit(urgent)
+    scheduler.step()
+    assert [r.rid for r in scheduler.waiting] == ["urgent"]
+    run_until(scheduler, lambda: scheduler.idle)
+    assert scheduler.stats().num_preemptions == 0 and reqs["small-low"].num_retractions == 0
+    assert_solo_outputs_and_idle_pages(scheduler, sink, [small_low, big_high, urgent])
+
+
+def test_a_negative_threshold_is_refused():
+    with pytest.raises(ValueError, match="priority_scheduling_preemption_threshold"):
+        make_scheduler(priority_scheduling_preemption_threshold=-1)
+
+
 # ----- the Engine and the server -------------------------------------------------------------------------------
 
 BAD_PRIORITIES = ["high", 1.5, True, 2**31, -(2**31)]
@@ -225,6 +353,41 @@ def test_engine_admits_by_priority(default_model_path):
             t.join(120)
         assert eng.scheduler.idle
     assert admitted == [0, 9, 5, 1]
+
+
+@pytest.mark.model
+def test_engine_preempts_a_batch_request_for_an_urgent_one(default_model_path):
+    """One slot: a long batch generation runs; an urgent request (priority 20) takes the slot, finishes first,
+    and the batch request's output is the same as without the interruption."""
+    import threading
+    import time
+
+    import radixrt
+
+    batch_params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+    urgent_params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    with radixrt.Engine(dtype="float32", log_interval=0, max_total_pages=64, max_running_requests=1,
+                        debug_checks=True) as eng:
+        alone = eng.generate("Once upon a time", batch_params)["output_ids"]
+        finished: list[str] = []
+        outputs: dict[str, list[int]] = {}
+
+        def run(name: str, prompt: str, params: dict, priority: int) -> None:
+            outputs[name] = eng.generate(prompt, params, priority=priority)["output_ids"]
+            finished.append(name)
+
+        batch = threading.Thread(target=run, args=("batch", "Once upon a time", batch_params, 0))
+        batch.start()
+        deadline = time.monotonic() + 60
+        while not (eng.scheduler.running and len(eng.scheduler.running[0].output_ids) >= 4):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        run("urgent", "The capital of France is", urgent_params, 20)
+        batch.join(120)
+        assert finished == ["urgent", "batch"]
+        assert outputs["batch"] == alone
+        assert eng.scheduler.stats().num_preemptions == 1
+        assert eng.scheduler.idle
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,7 @@ KNOBS = st.builds(
     n_samples=st.booleans(),
     logprobs=st.booleans(),
     flushes=st.booleans(),
+    priorities=st.booleans(),
 )
 
 
@@ -78,10 +79,11 @@ def test_random_workloads_finish_without_leaks_and_match_solo_runs(world, oracle
 
 
 def test_soak_seeds_pass_and_exercise_pressure(world, oracle):
-    """The soak's own seeds: eviction and retraction really happen, and aborts do."""
+    """The soak's own seeds: eviction, retraction and priority preemption really happen, and aborts do."""
     results = [run_seed(Knobs.from_seed(seed), world, oracle) for seed in range(12)]
     assert all(r.ok for r in results), "\n".join(_failure_report(r) for r in results if not r.ok)
     assert sum(r.retractions for r in results) > 0
+    assert sum(r.preemptions for r in results) > 0
     assert sum(r.evicted_pages for r in results) > 0
     assert sum(r.aborts for r in results) > 0
 

@@ -223,7 +223,8 @@ def test_metrics_and_flush_cache(http):
     for name in ("radixrt_requests_finished_total", "radixrt_generation_tokens_total", "radixrt_cache_hit_rate",
                  "radixrt_pages_used", "radixrt_pages_free", "radixrt_num_queue_reqs",
                  "radixrt_step_latency_seconds_bucket", "radixrt_time_to_first_token_seconds_count",
-                 "radixrt_inter_token_latency_seconds_sum"):
+                 "radixrt_inter_token_latency_seconds_sum", "radixrt_retractions_total",
+                 "radixrt_preemptions_total"):
         assert name in text, name
     assert metric(http, "radixrt_generation_tokens_total") > 0
     wait_idle(http)

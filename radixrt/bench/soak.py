@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if result.ok else 1
 
     overrides = _parse_overrides(args.knob)
-    totals = dict(steps=0, busy_steps=0, tokens=0, requests=0, aborts=0, retractions=0, evicted_pages=0,
-                  pages_leaked=0, jump_forwards=0)
+    totals = dict(steps=0, busy_steps=0, tokens=0, requests=0, aborts=0, retractions=0, preemptions=0,
+                  evicted_pages=0, pages_leaked=0, jump_forwards=0)
     failed: list[SeedResult] = []
     started = time.perf_counter()
     for seed in range(args.start, args.start + args.seeds):
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"steps {totals['steps']} ({totals['busy_steps']} with a forward, {totals['tokens']} tokens) in "
           f"{seconds:.1f} s: {totals['steps'] / max(seconds, 1e-9):.0f} steps/s (solo reference runs included)")
     print(f"requests {totals['requests']}, aborted {totals['aborts']}, retractions {totals['retractions']}, "
+          f"preemptions {totals['preemptions']}, "
           f"evicted pages {totals['evicted_pages']}, jump-forwards {totals['jump_forwards']}, "
           f"pages leaked {totals['pages_leaked']}")
     for result in failed:

@@ -13,6 +13,10 @@ priority). Each step:
   running requests will still need: their remaining ``max_new_tokens`` times ``new_token_ratio``, an estimate
   that rises after a retraction (``take_back``) and decays while memory is calm (``decay``). When nothing
   else runs a request is admitted whatever the estimate: validation made sure it fits the pool alone.
+- Priority preemption (SGLang's): a request that finds no slot or no pages retracts running requests it
+  outranks by more than ``--priority-scheduling-preemption-threshold`` levels (the least urgent first, the
+  latest arrival first among equals), as few as make room; if those cannot make room, none is touched. The
+  victims keep their outputs and wait at the head of their priority, like requests retracted for memory.
 - A request whose uncached prefix overlaps a request just admitted or still prefilling by DEDUP_MIN_TOKENS
   (and at least a page) waits, to read that prefix from the cache instead of computing it twice.
 
@@ -57,23 +61,28 @@ class Admission:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.admitted_now: set[int] = set()  # ids of the requests the latest admission took in
         self.num_retractions = 0
+        self.num_preemptions = 0
         self.hit_tokens = 0  # prompt tokens served by the cache
         self.miss_tokens = 0  # prompt tokens computed
 
     # ----- the queue ----------------------------------------------------------------------------------
 
-    def take_back(self, req: Req) -> None:
-        """A request retracted under memory pressure (pages released) waits at the head of the queue (first
-        among the requests of its priority), to be computed again, mostly from the cache; admission then
-        reserves more room for future decodes."""
+    def take_back(self, req: Req, preempted: bool = False) -> None:
+        """A retracted request (pages released) waits at the head of the queue (first among the requests of
+        its priority), to be computed again, mostly from the cache. After a retraction under memory pressure
+        admission reserves more room for future decodes; a preemption says nothing about memory."""
         if not req.input_logprobs_sent:  # its prompt is computed again from the first logprob position on
             req.input_logprobs.clear()
             req.input_top_logprobs.clear()
         req.num_retractions += 1
-        self.num_retractions += 1
-        self.new_token_ratio = min(1.0, self.new_token_ratio + RETRACT_RATIO_STEP)
+        if preempted:
+            self.num_preemptions += 1
+        else:
+            self.num_retractions += 1
+            self.new_token_ratio = min(1.0, self.new_token_ratio + RETRACT_RATIO_STEP)
         self.waiting.insert(0, req)
-        logger.info("retracted %s (%d outputs) under memory pressure", req.rid, len(req.output_ids))
+        logger.info("retracted %s (%d outputs) %s", req.rid, len(req.output_ids),
+                    "for a more urgent request" if preempted else "under memory pressure")
 
     def decay(self) -> None:
         """A step ran: the estimate of future decodes relaxes toward its floor."""
@@ -94,7 +103,7 @@ class Admission:
         """Move the requests that fit from the waiting queue to the end of ``running``."""
         self.admitted_now = set()  # a step that admits nothing must not leave an earlier step's set behind
         ready = [r for r in self.waiting if r.grammar_future is None or r.grammar_future.done()]
-        if not ready or len(running) >= self.args.max_running_requests:
+        if not ready or (len(running) >= self.args.max_running_requests and not self._may_preempt(ready, running)):
             return
         matches: dict[str, tuple[int, TreeNode]] = {}
         for req in ready:
@@ -106,13 +115,20 @@ class Admission:
         order = order_waiting(self.args.schedule_policy, ready, matches,
                               self.args.schedule_low_priority_values_first)
         for req in order:
-            if budget <= 0 or len(running) >= self.args.max_running_requests:
+            if budget <= 0:
                 break
             if self._shares_uncached_prefix(req, running, admitted, matches[req.rid][0]):
                 continue
-            pages = self._take_in(req, committed, alone=not running)
+            full = len(running) >= self.args.max_running_requests
+            pages = None if full else self._take_in(req, committed, alone=not running)
             if pages is None:
-                break
+                released = self._preempt_for(req, running, admitted, committed)
+                if released is None:
+                    break
+                committed -= released
+                pages = self._take_in(req, committed, alone=not running)
+                if pages is None:  # the estimate of the victims' pages was too generous; they run again later
+                    break
             committed += pages
             budget -= req.num_to_compute
             admitted.append(req)
@@ -126,15 +142,12 @@ class Admission:
         promised, or None if it waits."""
         match = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False)
         self.memory.hold(match.node)
-        need = math.ceil((req.total_len + 1) / self.page_size) - len(match.pages)
-        reserve = math.ceil(
-            max(req.params.max_new_tokens - len(req.output_ids), 0) * self.new_token_ratio / self.page_size
-        )
+        wanted = self._pages_wanted(req, len(match.pages))
         # Measured after the hold: the matched pages are no longer evictable, so they are not room.
-        short = need + reserve - (self.memory.available_pages - committed)
+        short = wanted - (self.memory.available_pages - committed)
         if 0 < short <= self.cache.protected_pages and not alone and self.memory.unpin is not None:
             self.memory.unpin(short)  # sessions' pins yield to a request that needs the room
-        if need + reserve > self.memory.available_pages - committed and not alone:
+        if wanted > self.memory.available_pages - committed and not alone:
             self.memory.unhold(match.node)
             return None
         self.memory.take_match(req, match)
@@ -143,7 +156,14 @@ class Admission:
             req.cached_tokens = req.num_computed
             self.hit_tokens += req.num_computed
             self.miss_tokens += len(req.prompt_ids) - req.num_computed
-        return need + reserve
+        return wanted
+
+    def _pages_wanted(self, req: Req, matched_pages: int) -> int:
+        """Pages a request needs to start (its uncached tokens and the next one) plus the room reserved for
+        its future decodes."""
+        need = math.ceil((req.total_len + 1) / self.page_size) - matched_pages
+        remaining = max(req.params.max_new_tokens - len(req.output_ids), 0)
+        return need + math.ceil(remaining * self.new_token_ratio / self.page_size)
 
     def _match_limit(self, req: Req) -> int:
         """Tokens the cache may serve: never the last one (its logits are needed), nor prompt logprob rows."""
@@ -169,6 +189,57 @@ class Admission:
             if common - cached >= max(DEDUP_MIN_TOKENS, self.page_size):
                 return True
         return False
+
+    # ----- priority preemption ------------------------------------------------------------------------
+
+    def _outranks(self, req: Req, other: Req) -> bool:
+        low = self.args.schedule_low_priority_values_first
+        return req.urgency(low) - other.urgency(low) > self.args.priority_scheduling_preemption_threshold
+
+    def _may_preempt(self, ready: list[Req], running: list[Req]) -> bool:
+        """Whether some ready request outranks some running one (cheap; admission with full slots skips the
+        prefix matching otherwise)."""
+        if self.args.disable_priority_preemption or not running:
+            return False
+        low = self.args.schedule_low_priority_values_first
+        most = max(ready, key=lambda r: r.urgency(low))
+        least = min(running, key=lambda r: r.urgency(low))
+        return self._outranks(most, least)
+
+    def _preempt_for(self, req: Req, running: list[Req], admitted: list[Req], committed: int) -> int | None:
+        """Retract the fewest running requests ``req`` outranks (least urgent first, latest arrival first) that
+        give it a slot and its pages. Returns the pages the victims had been promised (no longer committed),
+        or None when they could not make room (then none is touched). Requests admitted in this step are
+        never victims."""
+        if self.args.disable_priority_preemption:
+            return None
+        just_admitted = {id(r) for r in admitted}
+        low = self.args.schedule_low_priority_values_first
+        victims = sorted((r for r in running if id(r) not in just_admitted and self._outranks(req, r)),
+                         key=lambda r: (r.urgency(low), -r.arrival))
+        if not victims:
+            return None
+        match = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False)
+        matched = set(match.pages)
+        short_slots = len(running) + 1 - self.args.max_running_requests
+        short_pages = self._pages_wanted(req, len(match.pages)) - (self.memory.available_pages - committed)
+        chosen: list[Req] = []
+        for victim in victims:
+            if short_slots <= 0 and (short_pages <= 0 or len(chosen) == len(running)):
+                break
+            chosen.append(victim)
+            short_slots -= 1
+            # What its release gives back at most: its pages (those req matched stay held) and its promise.
+            short_pages -= sum(p not in matched for p in victim.pages) + self._future_pages(victim)
+        if short_slots > 0 or (short_pages > 0 and len(chosen) < len(running)):
+            return None
+        released = 0
+        for victim in chosen:
+            released += self._future_pages(victim)
+            running.remove(victim)
+            self.memory.release(victim)
+            self.take_back(victim, preempted=True)
+        return released
 
 
 def _settle_grammar(req: Req) -> bool:

@@ -91,6 +91,8 @@ class Scheduler:
             raise ValueError(f"unknown schedule policy {args.schedule_policy!r}; choose one of {POLICIES}")
         if args.chunked_prefill_size < 1:
             raise ValueError("chunked_prefill_size must be >= 1")
+        if args.priority_scheduling_preemption_threshold < 0:
+            raise ValueError("priority_scheduling_preemption_threshold must be >= 0")
         self.args = args
         self.runner = runner
         self.pool = runner.pool
@@ -324,6 +326,7 @@ class Scheduler:
             partial_tokens_reused=s.partial_tokens_reused,
             evicted_pages=s.evicted_pages,
             num_retractions=self.num_retractions,
+            num_preemptions=self.admission.num_preemptions,
             last_step_seconds=self.last_step_seconds,
             steps=self.steps,
             jump_forwards=self.output.jump_forwards,
@@ -341,7 +344,8 @@ class Scheduler:
         hit = s.cache_hit_tokens / max(s.cache_hit_tokens + s.cache_miss_tokens, 1)
         logger.info(
             "step %d: running %d, waiting %d, %.1f tok/s, pages used %d/%d (evictable %d), cache hit %.1f%%, "
-            "retractions %d", s.steps, s.num_running, s.num_waiting, self._step_tokens / (now - self._last_log),
-            s.pages_total - s.pages_free, s.pages_total, s.pages_evictable, 100 * hit, s.num_retractions,
+            "retractions %d, preemptions %d", s.steps, s.num_running, s.num_waiting,
+            self._step_tokens / (now - self._last_log), s.pages_total - s.pages_free, s.pages_total,
+            s.pages_evictable, 100 * hit, s.num_retractions, s.num_preemptions,
         )
         self._last_log, self._step_tokens = now, 0

@@ -125,6 +125,8 @@ def _scheduler_metrics(lines: list[str], stats) -> None:
     _scalar(lines, "counter", "cache_miss_tokens_total", "prompt tokens computed", s.cache_miss_tokens)
     _scalar(lines, "counter", "evicted_pages_total", "KV pages evicted from the prefix cache", s.evicted_pages)
     _scalar(lines, "counter", "retractions_total", "requests retracted under memory pressure", s.num_retractions)
+    _scalar(lines, "counter", "preemptions_total", "requests retracted to make room for a more urgent priority",
+            s.num_preemptions)
     _scalar(lines, "counter", "steps_total", "scheduler steps run", s.steps)
     _histogram(lines, "step_latency_seconds", "scheduler step latency (batch build, forward, sample)",
                stats.step_buckets, stats.step_counts, stats.step_sum, stats.step_count)

@@ -42,7 +42,8 @@ class SeedResult:
     tokens: int = 0  # tokens the fake model computed
     requests: int = 0
     aborts: int = 0  # requests that ended aborted (by an AbortReq or an expected error)
-    retractions: int = 0
+    retractions: int = 0  # under memory pressure
+    preemptions: int = 0  # for a more urgent request
     evicted_pages: int = 0
     pages_leaked: int = 0
     jump_forwards: int = 0
@@ -123,6 +124,7 @@ class Simulation:
         self.result.steps = self.step
         self.result.tokens = self.runner.tokens
         self.result.retractions = self.scheduler.num_retractions
+        self.result.preemptions = self.scheduler.admission.num_preemptions
         self.result.evicted_pages = self.scheduler.cache.stats.evicted_pages
         self.result.jump_forwards = self.scheduler.jump_forwards
         self.result.aborts = sum(1 for r in self.sink.finished.values() if r.type == "abort")

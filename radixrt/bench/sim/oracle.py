@@ -58,7 +58,7 @@ def build_scheduler(world: World, knobs: Knobs, num_pages: int, sink: Callable[[
 def generate_req(spec: SimRequest, prompt: list[int]) -> GenerateReq:
     return GenerateReq(rid=spec.rid, input_ids=list(prompt), params=spec.params, return_logprob=spec.return_logprob,
                        logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
-                       grammar=spec.grammar)
+                       grammar=spec.grammar, priority=spec.priority)
 
 
 @dataclass

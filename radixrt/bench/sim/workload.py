@@ -11,7 +11,8 @@ previous turn's prompt + its output + a new message, submitted some steps after 
 ``n`` > 1 (n requests with the same prompt, seeds ``seed + i``, as the Engine expands them).
 Per request: greedy or seeded sampling (top-k/top-p/min-p), ignore_eos, min_new_tokens, stop strings,
 stop_token_ids, penalties, a regex or choices constraint (or one that does not compile), prompt and output
-logprobs, and an abort: on arrival, while queued, mid-prefill, mid-decode, after a retraction, or late.
+logprobs, an abort: on arrival, while queued, mid-prefill, mid-decode, after a retraction, or late; and, with
+``priorities``, a priority whose gaps exceed the preemption threshold (urgent requests preempt running ones).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from radixrt.sampling.params import SamplingParams
 
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 PAGE_SIZES = (1, 4, 16)
+PRIORITIES = (None, 0, 0, 5, 20, -20, 40)  # the default preemption threshold is 10
 CHUNK_SIZES = (8, 16, 32, 64, 256, 2048)
 ABORT_KINDS = ("arrival", "queued", "prefill", "decode", "retracted", "late")
 
@@ -54,6 +56,7 @@ class Knobs:
     n_samples: bool = True
     logprobs: bool = True
     flushes: bool = True
+    priorities: bool = False
 
     @classmethod
     def from_seed(cls, seed: int, **overrides) -> "Knobs":
@@ -78,6 +81,8 @@ class Knobs:
             **{name: rng.random() < 0.85 for name in ("aborts", "stops", "sampled", "multi_turn", "n_samples",
                                                         "logprobs", "flushes")},
         )
+        # Drawn apart, so that adding the knob left every other knob of a seed as it was.
+        knobs = knobs.replace(priorities=random.Random(f"priorities-{seed}").random() < 0.5)
         return knobs.replace(**overrides)
 
     def replace(self, **changes) -> "Knobs":
@@ -107,6 +112,7 @@ class SimRequest:
     top_logprobs_num: int = 0
     expect_error: str | None = None  # an abort message it must end with (a grammar that does not compile)
     length_bound: int = 0  # prompt tokens at most (follow-ups: through their parents' outputs)
+    priority: int | None = None
 
 
 @dataclass
@@ -131,6 +137,7 @@ class _Builder:
         self.rng = random.Random(f"workload-{knobs.seed}")
         self.requests: list[SimRequest] = []
         self.vocab = world.word_ids + world.punctuation_ids
+        self.priority_rng = random.Random(f"priorities-{knobs.seed}")  # apart: other draws stay as they were
 
     @property
     def room(self) -> int:
@@ -194,6 +201,8 @@ class _Builder:
             req.logprob_start_len = rng.choice((-1, 0, len(prompt) // 2)) if parent is None else rng.choice((-1, 0))
         if knobs.aborts and rng.random() < 0.15:
             req.abort = (rng.choice(ABORT_KINDS), rng.randint(0, 6))
+        if knobs.priorities:
+            req.priority = self.priority_rng.choice(PRIORITIES)
         self.requests.append(req)
         return req
 
