@@ -176,3 +176,20 @@ def test_cpu_step_bench_runs_every_section(capsys):
     out = capsys.readouterr().out
     assert "decode step, batch 2, context 16: fused median" in out and "torch ops median" in out
     assert layers.cpu_kernels is cpu_kernels  # the switch is put back
+
+
+@pytest.mark.model
+def test_priority_bench_preempts_only_when_on_and_keeps_the_tokens(tmp_path, capsys):
+    from radixrt.bench import priority_bench
+
+    out = tmp_path / "priority.json"
+    argv = ["--batch", "2", "--batch-input", "24", "--batch-output", "24", "--interactive", "1",
+            "--interactive-input", "8", "--interactive-output", "3", "--interval", "0", "--max-running-requests", "2",
+            "--json", str(out)]
+    assert priority_bench.main(argv) == 0
+    assert "every request's tokens equal in both runs: True" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    on, off = data["results"]
+    assert on["preemption"] and on["preemptions"] == 1
+    assert not off["preemption"] and off["preemptions"] == 0
+    assert data["same_outputs"] and data["args"]["batch"] == 2

@@ -1,4 +1,5 @@
-"""`radixrt bench offline | serving | decode | vllm`: argument parsing and the runs (see the modules for details).
+"""`radixrt bench offline | serving | decode | vllm | tools | priority`: argument parsing and the runs (see the
+modules for details).
 
     radixrt bench offline --workload random --num-prompts 64 --input-len 200 --output-len 64 --baseline hf
     radixrt bench offline --workload shared-prefix --prefix-len 1000 --question-len 30 --compare-no-cache --baseline hf
@@ -9,6 +10,7 @@
     radixrt bench decode --dtypes bfloat16,float32 --batch-sizes 1,32
     radixrt bench vllm --vllm-python /tmp/radixrt-peers/venv-vllm/bin/python --workloads a:nocache,b:cache
     radixrt bench tools --num-prompts 50 --tool-choice required
+    radixrt bench priority --batch 16 --interactive 6 --interval 1.5
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 def add_bench_parser(commands) -> None:
     """Add `bench` with its subcommands to the CLI's subparsers."""
-    bench = commands.add_parser("bench", help="benchmarks: offline (Engine), serving (HTTP), decode, vllm, tools")
+    bench = commands.add_parser("bench", help="benchmarks: offline (Engine), serving (HTTP), decode, vllm, tools, priority")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     off = sub.add_parser("offline", help="a workload through the in-process Engine")
@@ -100,6 +102,13 @@ def add_bench_parser(commands) -> None:
     tools = sub.add_parser("tools", help="tool calls' validity through the openai client, constrained vs not")
     add_tool_call_arguments(tools)
     tools.set_defaults(run=run_tool_calls)
+
+    from radixrt.bench.priority_bench import add_arguments as add_priority_arguments
+    from radixrt.bench.priority_bench import run as run_priority
+
+    priority = sub.add_parser("priority", help="interactive requests next to a batch job, preemption on vs off")
+    add_priority_arguments(priority)
+    priority.set_defaults(run=run_priority)
 
 
 def machine() -> dict:
