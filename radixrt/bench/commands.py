@@ -57,7 +57,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 def add_bench_parser(commands) -> None:
     """Add `bench` with its subcommands to the CLI's subparsers."""
-    bench = commands.add_parser("bench", help="benchmarks: offline (Engine), serving (HTTP), decode, vllm, tools, priority")
+    bench = commands.add_parser("bench",
+                                help="benchmarks: offline (Engine), serving (HTTP), decode, vllm, tools, priority")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     off = sub.add_parser("offline", help="a workload through the in-process Engine")
