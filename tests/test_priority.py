@@ -58,6 +58,38 @@ def solo_output(msg: GenerateReq) -> list[int]:
     return sink.output(msg.rid)
 
 
+def run_all(scheduler: Scheduler, msgs: list[GenerateReq], first_outputs: int = 4) -> dict[str, Req]:
+    """Submit ``msgs[0]``, step until it has ``first_outputs`` outputs, submit the rest, run until idle; the
+    Req of every request by rid."""
+    reqs: dict[str, Req] = {}
+
+    def remember() -> None:
+        for r in scheduler.running:
+            reqs.setdefault(r.rid, r)
+
+    scheduler.submit(msgs[0])
+    run_until(scheduler, lambda: bool(scheduler.running) and len(scheduler.running[0].output_ids) >= first_outputs)
+    remember()
+    for msg in msgs[1:]:
+        scheduler.submit(msg)
+    for _ in range(2_000):
+        scheduler.step()
+        remember()
+        if scheduler.idle:
+            break
+    assert scheduler.idle
+    return reqs
+
+
+def assert_solo_outputs_and_idle_pages(scheduler: Scheduler, sink: DeltaSink, msgs: list[GenerateReq]) -> None:
+    for msg in msgs:
+        assert sink.finished[msg.rid].type == "length"
+        assert sink.output(msg.rid) == solo_output(msg), msg.rid
+    assert not sink.problems
+    assert scheduler.pool.num_free + scheduler.cache.evictable_pages == scheduler.pool.num_pages
+    assert scheduler.cache.protected_pages == 0
+
+
 def finish_order_behind_a_blocker(requests: list[tuple[str, list[int], int | None]], **options) -> list[str]:
     """One request at a time (max_running_requests=1): a long one runs while ``requests`` queue up behind it;
     the order they finish in is the order they were admitted in."""
@@ -144,64 +176,15 @@ def test_memory_pressure_retracts_the_least_urgent_request(first_priority, secon
     scheduler, sink = make_scheduler(num_pages=16, schedule_policy="fcfs",
                                      schedule_low_priority_values_first=low_values_first)
     msgs = [message("first", prompt(0), 40, first_priority), message("second", prompt(25), 40, second_priority)]
-    reqs: dict[str, Req] = {}
-
-    def remember() -> None:
-        for r in scheduler.running:
-            reqs.setdefault(r.rid, r)
-
-    scheduler.submit(msgs[0])
-    run_until(scheduler, lambda: bool(scheduler.running) and len(scheduler.running[0].output_ids) >= 6)
-    remember()
-    scheduler.submit(msgs[1])
-    for _ in range(2_000):
-        scheduler.step()
-        remember()
-        if scheduler.idle:
-            break
-    assert scheduler.idle
+    reqs = run_all(scheduler, msgs, first_outputs=6)
     kept = "second" if retracted == "first" else "first"
     assert reqs[retracted].num_retractions > 0
     assert reqs[kept].num_retractions == 0
-    for msg in msgs:
-        assert sink.finished[msg.rid].type == "length"
-        assert sink.output(msg.rid) == solo_output(msg)
-    assert scheduler.pool.num_free + scheduler.cache.evictable_pages == 16
+    assert scheduler.stats().num_preemptions == 0  # a retraction for memory, not a preemption
+    assert_solo_outputs_and_idle_pages(scheduler, sink, msgs)
 
 
 # ----- priority preemption -----------------------------------------------------------------------------------
-
-
-def run_all(scheduler: Scheduler, msgs: list[GenerateReq], first_outputs: int = 4) -> dict[str, Req]:
-    """Submit ``msgs[0]``, step until it has ``first_outputs`` outputs, submit the rest, run until idle; the
-    Req of every request by rid."""
-    reqs: dict[str, Req] = {}
-
-    def remember() -> None:
-        for r in scheduler.running:
-            reqs.setdefault(r.rid, r)
-
-    scheduler.submit(msgs[0])
-    run_until(scheduler, lambda: bool(scheduler.running) and len(scheduler.running[0].output_ids) >= first_outputs)
-    remember()
-    for msg in msgs[1:]:
-        scheduler.submit(msg)
-    for _ in range(2_000):
-        scheduler.step()
-        remember()
-        if scheduler.idle:
-            break
-    assert scheduler.idle
-    return reqs
-
-
-def assert_solo_outputs_and_idle_pages(scheduler: Scheduler, sink: DeltaSink, msgs: list[GenerateReq]) -> None:
-    for msg in msgs:
-        assert sink.finished[msg.rid].type == "length"
-        assert sink.output(msg.rid) == solo_output(msg), msg.rid
-    assert not sink.problems
-    assert scheduler.pool.num_free + scheduler.cache.evictable_pages == scheduler.pool.num_pages
-    assert scheduler.cache.protected_pages == 0
 
 
 @pytest.mark.parametrize("low_values_first", [False, True])
