@@ -6,6 +6,10 @@ runs each call it makes and sends the result back as a `tool` message, until the
 tool_choice="required", so the agent starts by looking something up; radixrt generates every call's
 arguments under the tool's JSON schema, so each one parses, even from a small model.
 
+The loop runs in a session (SGLang's /open_session and ``session_params``, passed through the client's
+``extra_body``): the server keeps the conversation's KV pages pinned between turns, so each turn's resent
+history is read from the cache even when other requests fill the server's memory while a tool runs.
+
     python examples/tool_agent.py [--url http://127.0.0.1:30000] [--question "..."]
 
 Without --url it starts a server on the default model (sgl.Runtime) and stops it at the end.
@@ -77,8 +81,10 @@ def run_tool(name: str, arguments: str) -> str:
         return f"error: cannot run {name}({arguments}): {exc}"
 
 
-def agent(client: Any, model: str, question: str, max_steps: int = 3, max_tokens: int = 160) -> dict[str, Any]:
+def agent(client: Any, model: str, question: str, max_steps: int = 3, max_tokens: int = 160,
+          session_id: str | None = None) -> dict[str, Any]:
     """The loop; returns the answer, the calls made (name, arguments, result) and the conversation."""
+    extra = {"session_params": {"id": session_id}} if session_id else None
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a helpful assistant. Use the tools to find facts and compute."},
         {"role": "user", "content": question},
@@ -87,7 +93,7 @@ def agent(client: Any, model: str, question: str, max_steps: int = 3, max_tokens
     for step in range(max_steps):
         reply = client.chat.completions.create(
             model=model, messages=messages, tools=TOOLS, tool_choice="required" if step == 0 else "auto",
-            temperature=0, max_tokens=max_tokens).choices[0].message
+            temperature=0, max_tokens=max_tokens, extra_body=extra).choices[0].message
         messages.append(reply.model_dump(exclude_none=True))
         if not reply.tool_calls:
             return {"answer": reply.content or "", "calls": calls, "messages": messages}
@@ -96,13 +102,15 @@ def agent(client: Any, model: str, question: str, max_steps: int = 3, max_tokens
             calls.append({"name": call.function.name, "arguments": call.function.arguments, "result": result})
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     final = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="none",
-                                           temperature=0, max_tokens=max_tokens).choices[0].message
+                                           temperature=0, max_tokens=max_tokens, extra_body=extra)
+    final = final.choices[0].message
     messages.append(final.model_dump(exclude_none=True))
     return {"answer": final.content or "", "calls": calls, "messages": messages}
 
 
 def main(url: str | None = None, question: str = "How tall is the Eiffel Tower in feet? One metre is 3.28 feet."
          ) -> dict[str, Any]:
+    import httpx
     import openai
 
     runtime = None
@@ -114,7 +122,11 @@ def main(url: str | None = None, question: str = "How tall is the Eiffel Tower i
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none")
         model = client.models.list().data[0].id
-        result = agent(client, model, question)
+        session_id = httpx.post(url + "/open_session", json={}).json()
+        try:
+            result = agent(client, model, question, session_id=session_id)
+        finally:
+            httpx.post(url + "/close_session", json={"session_id": session_id})
     finally:
         if runtime is not None:
             runtime.shutdown()

@@ -137,11 +137,17 @@ def test_bad_tool_requests_are_400_and_the_server_keeps_serving(http, body, need
     assert ok.status_code == 200, ok.text
 
 
-def test_tool_agent_example(server):
+def test_tool_agent_example(server, http):
     spec = importlib.util.spec_from_file_location("radixrt_example_tool_agent", EXAMPLES / "tool_agent.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    opened = []
+    real_agent = module.agent
+    module.agent = lambda *a, **kw: opened.append(kw["session_id"]) or real_agent(*a, **kw)
     result = module.main(server.url)
+    assert opened and opened[0]  # the loop ran in a session, closed at the end
+    stats = http.get("/get_server_info").json()["stats"]
+    assert stats["sessions_open"] == 0 and stats["pages_pinned"] == 0
     assert result["calls"], result
     for call in result["calls"]:
         assert call["name"] in module.LOCAL_TOOLS

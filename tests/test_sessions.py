@@ -416,3 +416,51 @@ def test_http_session_routes(default_model_path):
         stats = http.get("/get_server_info").json()["stats"]
         assert _idle(stats)
         plain.shutdown()
+
+
+def test_openai_chat_agent_keeps_its_conversation_in_a_session(default_model_path):
+    """An agent on the official openai client passes SGLang's ``session_params`` (extra_body) and resends the
+    whole conversation each turn. Between its turns other requests fill the pool: without a session its turn 2
+    is computed again; with one, turn 2 reads turn 1's whole pages from the cache. Closing frees the pin."""
+    import httpx
+    import openai
+
+    from radixrt.server.server_process import ServerProcess
+
+    with ServerProcess(["--dtype", "float32", "--kv-memory-gb", "0.05", "--log-interval", "0",
+                        "--debug-checks"]) as server, httpx.Client(base_url=server.url, timeout=120) as http:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        model = client.models.list().data[0].id
+        pages = http.get("/get_server_info").json()["stats"]["pages_total"]
+        page_size = 16
+
+        def conversation(session: dict | None, topic: str) -> tuple[int, int]:
+            extra = {"session_params": session} if session else None
+            messages = [{"role": "system", "content": f"You are an expert on {topic}. " * 12},
+                        {"role": "user", "content": f"Tell me one fact about {topic}."}]
+            first = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
+                                                   extra_body=extra)
+            for k in range(3):  # unrelated prompts that need most of the pool, one after the other
+                filler = [100 + (k * 131 + i * 7) % 9000 for i in range(pages * page_size // 2)]
+                res = http.post("/generate", json={"input_ids": filler, "sampling_params": {"max_new_tokens": 1}})
+                assert res.status_code == 200, res.text
+            messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                         {"role": "user", "content": "And another one?"}]
+            second = client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=0,
+                                                    extra_body=extra)
+            return first.usage.prompt_tokens, second.usage.prompt_tokens_details.cached_tokens
+
+        prompt, cached = conversation(None, "volcanoes")
+        assert cached < prompt // page_size * page_size  # evicted
+        session_id = http.post("/open_session", json={}).json()
+        prompt, cached = conversation({"id": session_id}, "glaciers")
+        assert cached >= prompt // page_size * page_size  # turn 1's prompt and more, from the pinned pages
+        assert http.get("/get_server_info").json()["stats"]["pages_pinned"] > 0
+        unknown = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                          "max_tokens": 2, "session_params": {"id": "nope"}})
+        assert unknown.status_code == 400 and "unknown session" in unknown.text
+        completion = http.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 2,
+                                                        "session_params": {"id": session_id}})
+        assert completion.status_code == 200, completion.text
+        assert http.post("/close_session", json={"session_id": session_id}).status_code == 200
+        assert _idle(http.get("/get_server_info").json()["stats"])

@@ -60,6 +60,7 @@ class _Common(_SGLangExtras, forbid_unknown_fields=True, kw_only=True):
     json_schema: str | None = None
     rid: str | list[str] | None = None
     priority: int | None = None  # SGLang's request priority (checked by radixrt.requests.prepare)
+    session_params: dict | None = None  # SGLang's session of the request (checked by radixrt.requests.prepare)
 
     def rids(self) -> list[str] | None:
         return None if self.rid is None else ([self.rid] if isinstance(self.rid, str) else list(self.rid))

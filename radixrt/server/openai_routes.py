@@ -120,7 +120,7 @@ def _prepare_chat(tm: TokenizerManager, tools: ServerTools, req: oai.ChatComplet
     if plan is not None:
         sampling.update(plan.sampling_fields(req.skip_special_tokens))
     prepared = tm.prepare(None, [sampling], [ids], return_logprob=bool(req.logprobs), top_logprobs_num=top,
-                          priority=req.priority)
+                          priority=req.priority, session_params=req.session_params)
     return prepared, plan
 
 
@@ -136,7 +136,7 @@ def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompt
     sampling = [oai.sampling_dict(req, tm.max_new_tokens_default(len(one)) if max_new is None else max_new)
                 for one in ids]
     return tm.prepare(None, sampling, ids, return_logprob=req.logprobs is not None,
-                      top_logprobs_num=req.logprobs or 0, priority=req.priority)
+                      top_logprobs_num=req.logprobs or 0, priority=req.priority, session_params=req.session_params)
 
 
 # ----- answers ----------------------------------------------------------------------------------------

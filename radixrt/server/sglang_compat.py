@@ -25,7 +25,6 @@ MULTIMODAL = Unsupported("multimodal input; radixrt serves text models")
 LORA = Unsupported("LoRA adapters")
 CUSTOM_LOGITS = Unsupported("custom logit processors")
 HIDDEN = Unsupported("returning hidden states", (None, False))
-SESSIONS = Unsupported("sessions (continual prompting)")
 CACHE_NAMESPACE = Unsupported("separate prefix-cache namespaces")
 EXPERTS = Unsupported("returning routed experts (radixrt serves dense models)")
 REASONING = Unsupported("reasoning control (radixrt has no reasoning parser)")
@@ -36,7 +35,6 @@ _SHARED: dict[str, Rule] = {
     "session_id": SESSION_ID,
     "custom_labels": LOGGING,
     "lora_path": LORA,
-    "session_params": SESSIONS,
     "custom_logit_processor": CUSTOM_LOGITS,
     "return_hidden_states": HIDDEN,
     "return_routed_experts": EXPERTS,
@@ -55,7 +53,7 @@ _SHARED: dict[str, Rule] = {
 }
 
 GENERATE: dict[str, Rule] = {
-    **{k: v for k, v in _SHARED.items() if k not in ("priority", "session_params")},  # served: native_protocol
+    **_SHARED,
     "model": ONE_MODEL,
     "log_metrics": LOGGING,
     "no_logs": LOGGING,
