@@ -45,6 +45,10 @@ BAD_TOOLS = [
     ([{"type": "function", "function": {"name": "f", "parameters": "{}"}}], "tools[0].function.parameters must be"),
     ([{"type": "function", "function": {"name": "f", "parameters": [1]}}], "tools[0].function.parameters must be"),
     ([{"type": "function", "function": {"name": "f", "strict": "yes"}}], "tools[0].function.strict"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+     "tools[0].function.parameters must describe a JSON object"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": ["object", "null"]}}}],
+     "must describe a JSON object"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "a": {"type": "no-such-type"}}}}}], "tools[0].function.parameters cannot be used for function 'f'"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
@@ -208,3 +212,19 @@ def test_bad_tool_messages(messages, message, native):
 def test_constraint_regex_named_tool_must_exist():
     with pytest.raises(ValueError):
         FORMATS["hermes"].constraint_regex(TOOLS, ToolChoice("named", "nope"), False)
+
+
+@pytest.mark.parametrize("parameters,accepted,refused", [
+    ({}, ['{}', '{"a":1}'], ['"x"', '1', '[1]', 'null']),
+    ({"properties": {"a": {"type": "integer"}}, "required": ["a"]}, ['{"a":1}'], ['1', '{}', '"a"']),
+])
+def test_a_schema_without_a_type_still_constrains_the_arguments_to_an_object(parameters, accepted, refused):
+    import re
+
+    from radixrt.tools.regex import arguments_regex
+
+    tool = parse_tools([{"type": "function", "function": {"name": "f", "parameters": parameters}}])[0]
+    assert tool.parameters == parameters  # the prompt shows the schema as the client wrote it
+    regex = arguments_regex(tool)
+    assert all(re.fullmatch(regex, text) for text in accepted), regex
+    assert not any(re.fullmatch(regex, text) for text in refused), regex

@@ -2,9 +2,11 @@
 
 ``parse_tools`` turns ``[{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}]``
 into ``Tool`` values and refuses, with a ``RequestError`` (HTTP 400) naming the entry, anything radixrt could
-not serve: a bad shape, a bad or repeated name, or a parameters schema that the constrained decoder cannot
-compile (checked here, before anything runs). ``parse_tool_choice`` turns ``tool_choice`` into a
-``ToolChoice``: "none", "auto", "required", or "named" (one given function). Torch-free.
+not serve: a bad shape, a bad or repeated name, a parameters schema whose ``type`` is not "object" (a call's
+arguments are a JSON object, as OpenAI requires; outlines-core reads a schema without a ``type`` as an
+object's), or one that the constrained decoder cannot compile (checked here, before anything runs).
+``parse_tool_choice`` turns ``tool_choice`` into a ``ToolChoice``: "none", "auto", "required", or "named" (one
+given function). Torch-free.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def _parse_tool(i: int, entry: Any) -> Tool:
         parameters = dict(EMPTY_PARAMETERS)
     elif not isinstance(parameters, dict):
         raise RequestError(f"{where}.function.parameters must be a JSON schema object, got {type(parameters).__name__}")
+    elif parameters.get("type", "object") != "object":
+        raise RequestError(f"{where}.function.parameters must describe a JSON object (a call's arguments are one), "
+                           f"got type {parameters['type']!r}")
     strict = function.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise RequestError(f"{where}.function.strict must be a boolean")
