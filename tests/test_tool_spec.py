@@ -49,6 +49,13 @@ BAD_TOOLS = [
      "tools[0].function.parameters must describe a JSON object"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": ["object", "null"]}}}],
      "must describe a JSON object"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "anyOf": [
+        {"type": "object"}, {"type": "string"}]}}}], "must describe a JSON object"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"enum": [{"a": 1}, 2]}}}],
+     "must describe a JSON object"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"const": "x"}}}], "must describe a JSON object"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {
+        "$ref": "#/$defs/a", "$defs": {"a": {"type": "integer"}}}}}], "must describe a JSON object"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "a": {"type": "no-such-type"}}}}}], "tools[0].function.parameters cannot be used for function 'f'"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
@@ -228,3 +235,23 @@ def test_a_schema_without_a_type_still_constrains_the_arguments_to_an_object(par
     regex = arguments_regex(tool)
     assert all(re.fullmatch(regex, text) for text in accepted), regex
     assert not any(re.fullmatch(regex, text) for text in refused), regex
+
+
+@pytest.mark.parametrize("parameters", [
+    {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"properties": {"b": {}}}]},
+    {"oneOf": [{"$ref": "#/$defs/point"}], "$defs": {"point": {"type": "object", "properties": {
+        "x": {"type": "number"}}}}},
+    {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}]},
+    {"enum": [{"a": 1}, {"a": 2}]},
+    {"type": "object", "properties": {"node": {"$ref": "#/$defs/n"}}, "$defs": {"n": {"type": "object", "properties": {
+        "child": {"$ref": "#/$defs/n"}}}}},
+])
+def test_object_schemas_built_from_combinators_and_refs_are_accepted(parameters):
+    import re
+
+    from radixrt.tools.regex import arguments_regex
+
+    tool = parse_tools([{"type": "function", "function": {"name": "f", "parameters": parameters}}])[0]
+    regex = arguments_regex(tool)
+    for text in ('"x"', "1", "[1]", "null", "true"):
+        assert not re.fullmatch(regex, text), (text, regex)

@@ -2,9 +2,9 @@
 
 ``parse_tools`` turns ``[{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}]``
 into ``Tool`` values and refuses, with a ``RequestError`` (HTTP 400) naming the entry, anything radixrt could
-not serve: a bad shape, a bad or repeated name, a parameters schema whose ``type`` is not "object" (a call's
-arguments are a JSON object, as OpenAI requires; outlines-core reads a schema without a ``type`` as an
-object's), or one that the constrained decoder cannot compile (checked here, before anything runs).
+not serve: a bad shape, a bad or repeated name, a parameters schema that admits anything but a JSON object (a
+call's arguments are one, as OpenAI requires), or one that the constrained decoder cannot compile (checked here,
+before anything runs).
 ``parse_tool_choice`` turns ``tool_choice`` into a ``ToolChoice``: "none", "auto", "required", or "named" (one
 given function). Torch-free.
 """
@@ -80,9 +80,9 @@ def _parse_tool(i: int, entry: Any) -> Tool:
         parameters = dict(EMPTY_PARAMETERS)
     elif not isinstance(parameters, dict):
         raise RequestError(f"{where}.function.parameters must be a JSON schema object, got {type(parameters).__name__}")
-    elif parameters.get("type", "object") != "object":
-        raise RequestError(f"{where}.function.parameters must describe a JSON object (a call's arguments are one), "
-                           f"got type {parameters['type']!r}")
+    elif not admits_only_objects(parameters, parameters):
+        raise RequestError(f"{where}.function.parameters must describe a JSON object (a call's arguments are one); "
+                           "its root type, enum, const or a branch of its anyOf / oneOf / allOf admits other values")
     strict = function.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise RequestError(f"{where}.function.strict must be a boolean")
@@ -98,6 +98,29 @@ def _parse_tool(i: int, entry: Any) -> Tool:
         raise RequestError(f"{where}.function.parameters cannot be used for function {name!r}: the grammar engine "
                            "cannot compile its regex (look-around or other unsupported regex syntax in a pattern?)")
     return tool
+
+
+def admits_only_objects(schema: Any, root: dict, depth: int = 0) -> bool:
+    """Whether every value ``schema`` admits is a JSON object, read as outlines-core compiles it: a combinator
+    (anyOf, oneOf, allOf), enum or const decides before ``type``; no type and no combinator is an object. A
+    local ``$ref`` is followed; one that does not resolve is left to the compile check."""
+    if not isinstance(schema, dict) or depth > 32:
+        return False
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        target: Any = root
+        for part in ref[1:].split("/")[1:]:
+            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+        return target is None or admits_only_objects(target, root, depth + 1)
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema:
+            branches = schema[key]
+            return isinstance(branches, list) and all(admits_only_objects(b, root, depth + 1) for b in branches)
+    if "enum" in schema:
+        return isinstance(schema["enum"], list) and all(isinstance(v, dict) for v in schema["enum"])
+    if "const" in schema:
+        return isinstance(schema["const"], dict)
+    return schema.get("type", "object") == "object"
 
 
 def parse_tool_choice(choice: str | dict | None, tools: list[Tool]) -> ToolChoice:
