@@ -153,7 +153,9 @@ def test_a_30mb_request_does_not_stall_a_normal_one(server):
         together = timed_generate(server.url)
         refused = big.result()
     assert refused.status_code == 400 and "characters" in refused.json()["error"]["message"]
-    assert together < 2 * alone + 0.1, (alone, together)
+    # What this guards against takes seconds (tokenizing 30 M characters, or waiting for the whole body, on the
+    # event loop); decoding the body costs a few tenths of a second, more when the 2-core CI machine is busy.
+    assert together < 2 * alone + 1.0, (alone, together)
 
 
 def test_a_client_trickling_its_body_is_cut_at_its_timeout_and_others_are_served(server):
