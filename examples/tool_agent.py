@@ -101,9 +101,9 @@ def agent(client: Any, model: str, question: str, max_steps: int = 3, max_tokens
             result = run_tool(call.function.name, call.function.arguments)
             calls.append({"name": call.function.name, "arguments": call.function.arguments, "result": result})
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    final = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="none",
-                                           temperature=0, max_tokens=max_tokens, extra_body=extra)
-    final = final.choices[0].message
+    final = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=max_tokens,
+        extra_body=extra).choices[0].message
     messages.append(final.model_dump(exclude_none=True))
     return {"answer": final.content or "", "calls": calls, "messages": messages}
 
