@@ -1,10 +1,13 @@
 """The attention-backend interface, and the choice of a backend by name.
 
-An :class:`AttentionBackend` serves every attention layer of one model over one ``PagePool``: called as
-``backend(layer, q, k, v, batch, sm_scale, sliding_window)`` it stores the batch's new K/V
-(``[tokens, kv_heads, head_dim]``) into their slots (``batch.out_slots``) of that layer's pages, then
-returns the attention output of the queries (``[tokens, heads, head_dim]``) over each request's paged
-history, causal and within the sliding window (0: none). Two implement it:
+An :class:`AttentionBackend` serves every attention layer of one model over one ``PagePool``. A layer calls
+``q = backend.rope_and_store(layer, rotary, positions, q, k, v, batch)``: rotary embedding of ``q``/``k`` at
+``positions``, and the new K/V (``[tokens, kv_heads, head_dim]``) stored into their slots (``batch.out_slots``)
+of that layer's pages; then ``backend.attend_layer(layer, q, batch, sm_scale, sliding_window)``: the queries
+(``[tokens, heads, head_dim]``) over each request's paged history, causal and within the sliding window
+(0: none). A backend may fuse the first step into one kernel (the Triton backend does on a GPU); the default
+rotates with the model's ``RotaryEmbedding`` and then calls ``store_kv``. ``backend(layer, q, k, v, ...)``
+stores already-rotated K/V and attends (kernel tests). Two implement it:
 
 * ``torch`` (:class:`~radixrt.model.torch_attention.TorchAttention`): torch with the C++ CPU kernels and
   the cascade over shared prefixes; the CPU path;
@@ -18,12 +21,15 @@ on a CUDA pool and ``torch`` elsewhere.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from radixrt.memory.page_pool import PagePool
 from radixrt.model.forward_batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from radixrt.model.layers import RotaryEmbedding
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
@@ -35,6 +41,27 @@ class AttentionBackend(ABC):
 
     def __init__(self, pool: PagePool) -> None:
         self.pool = pool
+
+    def rope_and_store(
+        self,
+        layer: int,
+        rotary: RotaryEmbedding,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """Rotate ``q`` and ``k`` at ``positions``, store ``k``/``v`` in ``layer``'s pages; the rotated ``q``."""
+        q, k = rotary(positions, q, k)
+        self.store_kv(self.pool.k_caches[layer], self.pool.v_caches[layer], batch.out_slots, k, v)
+        return q
+
+    def attend_layer(
+        self, layer: int, q: torch.Tensor, batch: ForwardBatch, sm_scale: float, sliding_window: int
+    ) -> torch.Tensor:
+        """``q`` over the pages of ``layer`` (the batch's new K/V already stored)."""
+        return self.attend(q, self.pool.k_caches[layer], self.pool.v_caches[layer], batch, sm_scale, sliding_window)
 
     def __call__(
         self,

@@ -107,8 +107,8 @@ class Attention(nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = attn(self.layer, q, k, v, batch, self.sm_scale, self.sliding_window)
+        q = attn.rope_and_store(self.layer, self.rotary, positions, q, k, v, batch)
+        out = attn.attend_layer(self.layer, q, batch, self.sm_scale, self.sliding_window)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 
