@@ -42,3 +42,17 @@ def dot_in_fp32(dtype: torch.dtype) -> bool:
     use IEEE fp32 products (no TF32) so the kernels match the fp32 reference to 1e-5.
     """
     return INTERPRET or dtype == torch.float32
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """fp32 ``x`` rounded to ``DTYPE`` (to nearest even) and back to fp32: a rounding point of a kernel that
+    must round where torch rounds. Written out for bf16 because triton's interpreter truncates that cast."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif DTYPE == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x

@@ -53,7 +53,7 @@ def _ptxas_usage(ptx: str, arch: int) -> str:
 
 def variants(quick: bool):
     """(name, kernel, pointer types, constexprs, num_warps, num_stages) of every variant worth compiling."""
-    from radixrt.kernels import triton_decode, triton_extend, triton_store
+    from radixrt.kernels import triton_decode, triton_extend, triton_fused, triton_store
 
     dtypes = ["bf16"] if quick else ["bf16", "fp32"]
     head_dims = [128] if quick else [64, 128]
@@ -83,6 +83,16 @@ def variants(quick: bool):
             ptr = {"K": f"*{dt}", "V": f"*{dt}", "K_CACHE": f"*{dt}", "V_CACHE": f"*{dt}", "SLOTS": "*i64"}
             yield (f"store_kv {dt} d{d}", triton_store._store_kv_kernel, ptr,
                    dict(KV_HEADS=8, HEAD_DIM=d, PAGE_SIZE=16, BLOCK_H=8, BLOCK_D=d), 4, 2)
+            ptr = {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "COS": f"*{dt}", "SIN": f"*{dt}",
+                   "K_CACHE": f"*{dt}", "V_CACHE": f"*{dt}", "POSITIONS": "*i32", "SLOTS": "*i32"}
+            yield (f"rope_store {dt} d{d}", triton_fused._rope_store_kernel, ptr,
+                   dict(HEADS=32, KV_HEADS=8, HALF=d // 2, PAGE_SIZE=16, BLOCK_H=32, BLOCK_KH=8, BLOCK_D=d // 2), 4, 2)
+        ptr = {"X": f"*{dt}", "RES": f"*{dt}", "W": f"*{dt}", "OUT": f"*{dt}", "eps": "fp32"}
+        for residual in (False, True):
+            yield (f"rms_norm {dt} residual={residual}", triton_fused._rms_norm_kernel, ptr,
+                   dict(HAS_RESIDUAL=residual, BLOCK=2048), 8, 2)
+        yield (f"silu_and_mul {dt}", triton_fused._silu_and_mul_kernel, {"GATE_UP": f"*{dt}", "OUT": f"*{dt}"},
+               dict(BLOCK=1024), 4, 2)
 
 
 def main(argv: list[str] | None = None) -> int:

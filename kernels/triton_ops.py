@@ -9,6 +9,8 @@ what the tests use.
 - :func:`store_kv`: one launch writes the batch's new K/V into their (page, offset) slots.
 - :func:`decode_attention`: one query per request, GQA-packed, split-KV (flash-decoding) + a merge kernel.
 - :func:`extend_attention`: new chunks over their cached prefix pages and causally over themselves.
+- :func:`rms_norm`, :func:`silu_and_mul`, :func:`rope_and_store`: a layer's fused element-wise steps, with
+  the signatures of their torch twins in :mod:`radixrt.kernels.torch_fused`.
 """
 
 from __future__ import annotations
@@ -72,3 +74,21 @@ def extend_attention(
     return _kernel_module("triton_extend").extend_attention(
         q, k_cache, v_cache, page_table, prefix_lens, extend_lens, sm_scale, sliding_window
     )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of ``x`` (with ``residual``: of ``x + residual``, written into ``residual``)."""
+    return _kernel_module("triton_fused").rms_norm(x, weight, eps, residual)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of a merged ``[T, 2I]`` gate/up projection."""
+    return _kernel_module("triton_fused").silu_and_mul(gate_up)
+
+
+def rope_and_store(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+    sin: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+) -> torch.Tensor:
+    """Rotate ``q`` in place (returned); rotate ``k`` and store it with ``v`` into ``slots`` (< 0: skipped)."""
+    return _kernel_module("triton_fused").rope_and_store(positions, q, k, v, cos, sin, slots, k_cache, v_cache)

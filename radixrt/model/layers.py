@@ -1,20 +1,26 @@
 """Norms, rotary position embeddings and the gated activation, numerically as the transformers reference.
 
-On the CPU each runs as one fused C++ op where the kernels are built (kernels/cpu_kernels), else as torch ops.
+Each runs as one fused kernel: on the CPU a C++ op where the kernels are built (kernels/cpu_kernels), on CUDA a
+Triton kernel (kernels/triton_fused); elsewhere as their torch twins (kernels/torch_fused), which round at the
+same points.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from radixrt.kernels import cpu_kernels
+from radixrt.kernels import cpu_kernels, torch_fused, triton_ops
 
 
 def _kernels_for(x: torch.Tensor) -> bool:
     """Whether the C++ ops can run on ``x``'s device here (a CPU tensor, kernels built)."""
     return x.device.type == "cpu" and cpu_kernels.load() is not None
+
+
+def triton_for(x: torch.Tensor) -> bool:
+    """Whether the fused Triton kernels run on ``x``: a CUDA tensor, triton installed."""
+    return x.is_cuda and triton_ops.AVAILABLE
 
 
 def _fused_rows(x: torch.Tensor) -> bool:
@@ -24,10 +30,11 @@ def _fused_rows(x: torch.Tensor) -> bool:
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of a merged ``[T, 2I]`` gate/up projection."""
+    if triton_for(gate_up) and gate_up.stride(-1) == 1:
+        return triton_ops.silu_and_mul(gate_up)
     if _fused_rows(gate_up):
         return cpu_kernels.silu_and_mul(gate_up)
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return torch_fused.silu_and_mul(gate_up)
 
 
 class RMSNorm(nn.Module):
@@ -37,15 +44,17 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.stride(1) == 1 and x.dtype == self.weight.dtype and triton_for(x):
+            return triton_ops.rms_norm(x, self.weight, self.eps)
         if _fused_rows(x) and x.dtype == self.weight.dtype:
             return cpu_kernels.rms_norm(x, self.weight, self.eps)
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return torch_fused.rms_norm(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm of ``x + residual``, ``x + residual``); the fused op updates ``residual`` in place."""
+        """(norm of ``x + residual``, ``x + residual``); the fused ops update ``residual`` in place."""
+        if x.dim() == 2 and x.stride(1) == 1 and residual.is_contiguous() \
+                and x.dtype == residual.dtype == self.weight.dtype and triton_for(x):
+            return triton_ops.rms_norm(x, self.weight, self.eps, residual), residual
         if _fused_rows(x) and residual.is_contiguous() and x.dtype == residual.dtype == self.weight.dtype:
             return cpu_kernels.rms_norm(x, self.weight, self.eps, residual), residual
         residual = x + residual
@@ -92,11 +101,6 @@ class RotaryEmbedding(nn.Module):
             self._fp32 = (self.cos_cache.float(), self.sin_cache.float())
         return self._fp32
 
-    @staticmethod
-    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` ``[T, heads, D]`` and ``k`` ``[T, kv_heads, D]`` at ``positions`` ``[T]``.
 
@@ -105,6 +109,4 @@ class RotaryEmbedding(nn.Module):
         if all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k)) and _kernels_for(q):
             cpu_kernels.rotary_embedding(positions, q, k, *self._fp32_caches())
             return q, k
-        cos = self.cos_cache[positions].to(q.dtype)[:, None, :]
-        sin = self.sin_cache[positions].to(q.dtype)[:, None, :]
-        return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+        return torch_fused.rotary(positions, q, k, self.cos_cache, self.sin_cache)

@@ -1,0 +1,54 @@
+"""Torch twins of the fused element-wise kernels (:mod:`radixrt.kernels.triton_fused`): the same results,
+rounded to the activations' dtype where transformers' eager modules round. They are the reference the
+kernels are tested against, and the path of a device that runs neither Triton nor the C++ CPU ops.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of ``x`` (with ``residual``: of ``x + residual``, which is written into ``residual``)."""
+    if residual is not None:
+        residual.copy_(x + residual)
+        x = residual
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of a merged ``[T, 2I]`` gate/up projection."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
+           sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` ``[T, heads, D]`` and ``k`` ``[T, kv_heads, D]`` rotated at ``positions`` (new tensors)."""
+    cos = cos_cache[positions].to(q.dtype)[:, None, :]
+    sin = sin_cache[positions].to(q.dtype)[:, None, :]
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def rope_and_store(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+    sin: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+) -> torch.Tensor:
+    """``q`` rotated in place (and returned); ``k`` rotated and stored with ``v`` into ``slots`` (< 0: skipped)."""
+    q_rot, k_rot = rotary(positions, q, k, cos, sin)
+    q.copy_(q_rot)
+    keep = slots >= 0
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])
+    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    flat_k[slots[keep]] = k_rot[keep].to(k_cache.dtype)
+    flat_v[slots[keep]] = v[keep].to(v_cache.dtype)
+    return q
