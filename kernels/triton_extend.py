@@ -112,8 +112,10 @@ def extend_attention(
     sliding_window: int = 0,
     block_m: int | None = None,
     block_n: int | None = None,
+    max_extend_len: int | None = None,
 ) -> torch.Tensor:
-    """See ``torch_ref.extend_attention``; ``block_m``/``block_n`` pin the tiles where nothing autotunes."""
+    """See ``torch_ref.extend_attention``; ``block_m``/``block_n`` pin the tiles where nothing autotunes;
+    ``max_extend_len`` (the longest chunk, known on the host) spares reading it back from the device."""
     tokens, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_cache.shape
     device = q.device
@@ -128,7 +130,9 @@ def extend_attention(
     prefix_lens = prefix_lens.to(device=device, dtype=torch.int32)
     extend_lens = extend_lens.to(device=device, dtype=torch.int32)
     q_starts = (torch.cumsum(extend_lens, 0, dtype=torch.int32) - extend_lens).to(torch.int32)
-    max_extend = int(extend_lens.max())  # one host sync: the grid's q-block count
+    if max_extend_len is None:
+        max_extend_len = int(extend_lens.max())  # a host sync: callers that know it pass it
+    max_extend = max_extend_len
     if AUTOTUNE:
         tuning = {}
         grid = lambda meta: (batch, triton.cdiv(max_extend, meta["BLOCK_M"]), heads)  # noqa: E731

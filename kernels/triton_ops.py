@@ -69,10 +69,13 @@ def extend_attention(
     extend_lens: torch.Tensor,
     sm_scale: float,
     sliding_window: int = 0,
+    max_extend_len: int | None = None,
 ) -> torch.Tensor:
-    """A chunk of new tokens per request attending to its cached prefix and causally to itself."""
+    """A chunk of new tokens per request attending to its cached prefix and causally to itself
+    (``max_extend_len``: the longest chunk, if the caller knows it without reading the device)."""
     return _kernel_module("triton_extend").extend_attention(
-        q, k_cache, v_cache, page_table, prefix_lens, extend_lens, sm_scale, sliding_window
+        q, k_cache, v_cache, page_table, prefix_lens, extend_lens, sm_scale, sliding_window,
+        max_extend_len=max_extend_len,
     )
 
 

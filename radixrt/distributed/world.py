@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from radixrt.distributed.options import check_dist_args, parse_addr, ranks_per_node
-from radixrt.model.forward_batch import ForwardBatch
+from radixrt.model.forward_batch import HOST_FIELDS, ForwardBatch
 from radixrt.model.parallel import TPGroup
 from radixrt.server_args import ServerArgs
 
@@ -142,7 +142,7 @@ class TPWorld:
         payload = None
         if batch is not None:
             payload = {name: getattr(batch, name).cpu() for name in _BATCH_TENSORS}
-            payload.update(logits_counts=batch.logits_counts, is_decode=batch.is_decode, page_copies=list(page_copies))
+            payload.update(batch.host_fields(), page_copies=list(page_copies))
         dist.broadcast_object_list([payload], src=0, group=self.control)
 
     def recv_batch(self) -> tuple[ForwardBatch, list[tuple[int, int, int]]] | None:
@@ -153,7 +153,7 @@ class TPWorld:
         if payload is None:
             return None
         tensors = {name: payload[name].to(self.device) for name in _BATCH_TENSORS}
-        batch = ForwardBatch(**tensors, logits_counts=payload["logits_counts"], is_decode=payload["is_decode"])
+        batch = ForwardBatch(**tensors, **{name: payload[name] for name in HOST_FIELDS})
         return batch, payload["page_copies"]
 
     def agree_min(self, value: int) -> int:

@@ -1,9 +1,15 @@
-"""The metadata of one forward pass: which new tokens each request computes and where their K/V go."""
+"""The metadata of one forward pass: which new tokens each request computes and where their K/V go.
+
+``ForwardBatch.build`` computes it on the host with numpy and reaches the device in one non-blocking copy
+from pinned memory (:func:`stage`), so building a batch never waits for the device. The host also keeps what
+kernels need to size their grids (``max_extend_len``, ``max_seq_len``), so a forward reads nothing back.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -21,11 +27,20 @@ class SeqChunk:
     logits_from: int | None = None
 
 
+# the tensors of a ForwardBatch, and their dtypes
+TENSOR_FIELDS = {
+    "input_ids": np.int64, "positions": np.int64, "out_slots": np.int64, "page_table": np.int32,
+    "prefix_lens": np.int32, "extend_lens": np.int32, "seq_lens": np.int32, "logits_indices": np.int64,
+}
+# what else a ForwardBatch carries (plain host values; sent along to tensor-parallel followers)
+HOST_FIELDS = ("logits_counts", "is_decode", "max_extend_len", "max_seq_len")
+
+
 @dataclass
 class ForwardBatch:
     input_ids: torch.Tensor  # [T] new tokens of all requests back to back
     positions: torch.Tensor  # [T]
-    out_slots: torch.Tensor  # [T] flat cache slot that receives each new token's K/V
+    out_slots: torch.Tensor  # [T] flat cache slot that receives each new token's K/V (< 0: write nothing)
     page_table: torch.Tensor  # [B, max_pages] int32, padded with 0
     prefix_lens: torch.Tensor  # [B] int32
     extend_lens: torch.Tensor  # [B] int32
@@ -33,60 +48,83 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # rows of the hidden states that become logits
     logits_counts: list[int] = field(default_factory=list)  # logits rows per request
     is_decode: bool = False  # every request computes exactly one token
+    max_extend_len: int = 0  # the host's copies of max(extend_lens) and max(seq_lens)
+    max_seq_len: int = 0
     attn_cache: dict = field(default_factory=dict)  # what the attention backend derives once per forward
 
     @property
     def batch_size(self) -> int:
         return int(self.seq_lens.shape[0])
 
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
     @classmethod
     def build(cls, chunks: list[SeqChunk], page_size: int, device: str | torch.device = "cpu") -> "ForwardBatch":
         if not chunks:
             raise ValueError("a forward batch needs at least one request")
-        extend_lens = [len(c.tokens) for c in chunks]
-        if min(extend_lens) < 1:
+        batch = len(chunks)
+        extend = np.fromiter((len(c.tokens) for c in chunks), np.int64, batch)
+        if extend.min() < 1:
             raise ValueError("every request in a forward batch must compute at least one token")
-        prefix_lens = [c.prefix_len for c in chunks]
-        num_pages = [len(c.pages) for c in chunks]
-        max_pages = max(num_pages)
-        page_table = torch.tensor([c.pages + [0] * (max_pages - len(c.pages)) for c in chunks], dtype=torch.int32)
-        page_table = page_table.view(len(chunks), max_pages)
-        extend_t = torch.tensor(extend_lens, dtype=torch.long)
-        prefix_t = torch.tensor(prefix_lens, dtype=torch.long)
-        total = sum(extend_lens)
-        is_decode = total == len(chunks)
-        if is_decode:  # one token each: no per-token expansion needed
-            request_of_token = torch.arange(len(chunks))
-            starts = request_of_token
-            positions = prefix_t
-        else:
-            request_of_token = torch.repeat_interleave(torch.arange(len(chunks)), extend_t)
-            starts = torch.cumsum(extend_t, 0) - extend_t
-            positions = prefix_t[request_of_token] + torch.arange(total) - starts[request_of_token]
-        page_of_token = positions // page_size
-        if bool((page_of_token >= torch.tensor(num_pages)[request_of_token]).any()):
+        prefix = np.fromiter((c.prefix_len for c in chunks), np.int64, batch)
+        num_pages = np.fromiter((len(c.pages) for c in chunks), np.int64, batch)
+        if ((prefix + extend + page_size - 1) // page_size > num_pages).any():
             raise ValueError("a request's pages do not cover its new tokens")
-        out_slots = page_table.long()[request_of_token, page_of_token] * page_size + positions % page_size
-
-        firsts = [n - 1 if c.logits_from is None else c.logits_from for c, n in zip(chunks, extend_lens)]
-        counts = [n - f for n, f in zip(extend_lens, firsts)]
-        if is_decode:
-            logits_indices = torch.arange(len(chunks))
+        page_table = np.zeros((batch, int(num_pages.max())), np.int32)
+        for row, c in zip(page_table, chunks):
+            row[: len(c.pages)] = c.pages
+        total = int(extend.sum())
+        is_decode = total == batch
+        starts = np.cumsum(extend) - extend
+        if is_decode:  # one token each: no per-token expansion needed
+            request_of_token = np.arange(batch)
+            positions = prefix
         else:
-            counts_t = torch.tensor(counts, dtype=torch.long)
-            owner = torch.repeat_interleave(torch.arange(len(chunks)), counts_t)
-            first_rows = starts + torch.tensor(firsts, dtype=torch.long)
-            logits_indices = first_rows[owner] + torch.arange(int(counts_t.sum())) - (torch.cumsum(counts_t, 0) - counts_t)[owner]
-        input_ids = torch.tensor([t for c in chunks for t in c.tokens], dtype=torch.long)
-        return cls(
-            input_ids=input_ids.to(device),
-            positions=positions.to(device),
-            out_slots=out_slots.to(device),
-            page_table=page_table.to(device),
-            prefix_lens=prefix_t.to(torch.int32).to(device),
-            extend_lens=extend_t.to(torch.int32).to(device),
-            seq_lens=(prefix_t + extend_t).to(torch.int32).to(device),
-            logits_indices=logits_indices.to(device),
-            logits_counts=counts,
-            is_decode=is_decode,
-        )
+            request_of_token = np.repeat(np.arange(batch), extend)
+            positions = prefix[request_of_token] + np.arange(total) - starts[request_of_token]
+        out_slots = page_table[request_of_token, positions // page_size].astype(np.int64) * page_size + positions % page_size
+
+        firsts = np.fromiter((n - 1 if c.logits_from is None else c.logits_from for c, n in zip(chunks, extend)),
+                             np.int64, batch)
+        counts = extend - firsts
+        if is_decode:
+            logits_indices = np.arange(batch)
+        else:
+            owner = np.repeat(np.arange(batch), counts)
+            logits_indices = (starts + firsts)[owner] + np.arange(int(counts.sum())) - (np.cumsum(counts) - counts)[owner]
+        input_ids = np.fromiter((t for c in chunks for t in c.tokens), np.int64, total)
+        seq_lens = prefix + extend
+        tensors = stage({"input_ids": input_ids, "positions": positions, "out_slots": out_slots,
+                         "page_table": page_table, "prefix_lens": prefix, "extend_lens": extend, "seq_lens": seq_lens,
+                         "logits_indices": logits_indices}, device)
+        return cls(**tensors, logits_counts=counts.tolist(), is_decode=is_decode, max_extend_len=int(extend.max()),
+                   max_seq_len=int(seq_lens.max()))
+
+    def host_fields(self) -> dict:
+        return {name: getattr(self, name) for name in HOST_FIELDS}
+
+
+def stage(arrays: dict[str, np.ndarray], device: str | torch.device) -> dict[str, torch.Tensor]:
+    """Host arrays as tensors of the dtypes in ``TENSOR_FIELDS`` on ``device``: on the CPU the arrays' own memory,
+    elsewhere one non-blocking copy of them all from a pinned buffer (torch's pinned-memory cache does not hand the
+    buffer out again until the copy is done)."""
+    device = torch.device(device)
+    typed = {name: np.ascontiguousarray(a, dtype=TENSOR_FIELDS[name]) for name, a in arrays.items()}
+    if device.type == "cpu":
+        return {name: torch.from_numpy(a) for name, a in typed.items()}
+    offsets, size = {}, 0
+    for name, a in typed.items():
+        offsets[name] = size
+        size += -(-a.nbytes // 8) * 8  # every part 8-byte aligned, so it can be viewed as its dtype
+    host = torch.empty(max(size, 8), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    view = host.numpy()
+    for name, a in typed.items():
+        view[offsets[name] : offsets[name] + a.nbytes] = a.view(np.uint8).reshape(-1)
+    on_device = host.to(device, non_blocking=True)
+    out = {}
+    for name, a in typed.items():
+        part = on_device[offsets[name] : offsets[name] + a.nbytes]
+        out[name] = part.view(torch.from_numpy(a[:0]).dtype).view(a.shape)
+    return out

@@ -32,5 +32,6 @@ class TritonAttention(AttentionBackend):
                 q, k_cache, v_cache, batch.page_table, batch.seq_lens, sm_scale, sliding_window
             )
         return triton_ops.extend_attention(
-            q, k_cache, v_cache, batch.page_table, batch.prefix_lens, batch.extend_lens, sm_scale, sliding_window
+            q, k_cache, v_cache, batch.page_table, batch.prefix_lens, batch.extend_lens, sm_scale, sliding_window,
+            max_extend_len=batch.max_extend_len or None,
         )
