@@ -31,8 +31,7 @@ from .launcher import ServerProcess
 RENAMED = {"model_path": "model"}
 # SGLang options that tune only its own machinery: accepted, no effect on radixrt.
 NO_EFFECT = frozenset({
-    "mem_fraction_static", "log_level", "log_level_http", "trust_remote_code", "disable_cuda_graph",
-    "cuda_graph_max_bs", "enable_torch_compile", "watchdog_timeout", "enable_metrics", "show_time_cost",
+    "mem_fraction_static", "log_level", "log_level_http", "trust_remote_code", "enable_torch_compile", "watchdog_timeout", "enable_metrics", "show_time_cost",
     "base_gpu_id", "stream_interval", "skip_server_warmup", "decode_log_interval", "file_storage_path",
     "enable_priority_scheduling",  # radixrt's scheduler always honours priorities
 })

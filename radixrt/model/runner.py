@@ -6,10 +6,16 @@ first broadcasts the batch to the followers, and a forward that fails there kill
 out of step). The only other write to K/V, the radix cache's copy of a partly matched page, is recorded on
 rank 0 (``MirroredPagePool``) and sent with the next batch; followers apply it before that forward, so
 every pool goes through the same writes in the same order.
+
+On CUDA (one rank), decode batches replay CUDA graphs captured at start-up (``model/cuda_graph.py``), unless
+``disable_cuda_graph``; any other batch runs eagerly. A ``graph_factory`` given by a caller (tests on a CPU)
+takes the CUDA graphs' place.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -21,6 +27,7 @@ from radixrt.kernels import cpu_kernels
 from radixrt.memory.page_pool import KVLayout, PagePool, default_budget_bytes
 from radixrt.model.cpu_malloc import keep_freed_memory
 from radixrt.model.attention import AttentionBackend, create_attention_backend
+from radixrt.model.cuda_graph import CudaGraphFactory, GraphFactory, GraphRunner
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.llama import (
     SUPPORTED_ARCHITECTURES,
@@ -34,6 +41,10 @@ from radixrt.model.parallel import SINGLE
 if TYPE_CHECKING:
     from radixrt.distributed.world import TPWorld
     from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger("radixrt.runner")
+# the largest batch captured by default (--cuda-graph-max-bs); larger decode batches run eagerly
+DEFAULT_CUDA_GRAPH_MAX_BS = 256
 
 # What `--dtype auto` resolves to, whatever the CPU: float32 or bfloat16 (unset: bf16 where the CPU runs it fast).
 AUTO_DTYPE_ENV = "RADIXRT_AUTO_DTYPE"
@@ -112,6 +123,9 @@ class ModelRunner:
         context_length: int | None = None,
         device: str = "cpu",
         world: TPWorld | None = None,
+        disable_cuda_graph: bool = False,
+        cuda_graph_max_bs: int | None = None,
+        graph_factory: GraphFactory | None = None,
     ) -> None:
         started = time.perf_counter()
         self.model_path = Path(model_path)
@@ -147,13 +161,33 @@ class ModelRunner:
         else:
             self.pool = PagePool.from_memory_budget(layout, kv_memory_gb, self.device)
         self.attention: AttentionBackend = create_attention_backend(self.pool, attention_backend)
+        self.graphs: GraphRunner | None = None
+        if graph_factory is None and self.device.type == "cuda" and world is None and not disable_cuda_graph:
+            graph_factory = CudaGraphFactory(self.device)
+        if graph_factory is not None:
+            self._capture_graphs(graph_factory, cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS)
         self.load_seconds = time.perf_counter() - started
+
+    def _capture_graphs(self, factory: GraphFactory, max_bs: int) -> None:
+        max_pages = math.ceil(self.context_length / self.page_size)
+        self.graphs = GraphRunner(self._eager_forward, max_bs, max_pages, self.device, factory)
+        try:
+            with torch.inference_mode():
+                self.graphs.capture()
+        except torch.OutOfMemoryError as exc:
+            raise RuntimeError("capturing the decode graphs ran out of device memory: lower --kv-memory-gb or "
+                               "--cuda-graph-max-bs, or pass --disable-cuda-graph") from exc
+        logger.info("decode graphs: %d batch sizes up to %d captured in %.1f s, %.0f MB",
+                    len(self.graphs.buckets), self.graphs.max_bs, self.graphs.capture_seconds,
+                    self.graphs.capture_bytes / 2**20)
 
     @classmethod
     def from_args(cls, model_path: Path, args: ServerArgs, world: TPWorld | None = None) -> "ModelRunner":
         return cls(model_path, dtype=args.dtype, page_size=args.page_size, num_pages=args.max_total_pages,
                    kv_memory_gb=args.kv_memory_gb, attention_backend=args.attention_backend,
-                   context_length=args.context_length, device=args.device, world=world)
+                   context_length=args.context_length, device=args.device, world=world,
+                   disable_cuda_graph=args.disable_cuda_graph,
+                   cuda_graph_max_bs=args.cuda_graph_max_bs or min(args.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS))
 
     def _pages_per_rank(self, layout: KVLayout, kv_memory_gb: float | None, world: TPWorld) -> int:
         """A rank's pages: ``kv_memory_gb`` each, or by default its share of what this node's ranks share."""
@@ -173,8 +207,15 @@ class ModelRunner:
     def page_size(self) -> int:
         return self.pool.page_size
 
+    def _eager_forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(batch, self.attention)
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits (fp32) of the batch's logits rows. From a graph replay they are a view of the graph's output:
+        read them before the next forward."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
         if self.world is None:
             return self.model(batch, self.attention)
         if self.world.rank == 0:
