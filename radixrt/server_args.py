@@ -36,6 +36,8 @@ class ServerArgs:
     disable_radix_cache: bool = field(default=False, metadata={"help": "compute every prompt from scratch"})
     disable_partial_page_reuse: bool = field(default=False, metadata={"help": "share whole pages only"})
     disable_jump_forward: bool = field(default=False, metadata={"help": "decode constrained text token by token"})
+    disable_overlap_schedule: bool = field(default=False, metadata={"help": "read each decode step's tokens back before launching the next (the overlap scheduler launches step N+1 first; on CUDA)"})
+    enable_overlap_schedule: bool = field(default=False, metadata={"help": "use the overlap scheduler on a CPU too (it gains nothing there; for tests)"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode steps eagerly on CUDA instead of replaying graphs captured at start-up"})
     cuda_graph_max_bs: int | None = field(default=None, metadata={"help": "largest decode batch replayed from a CUDA graph (default: --max-running-requests, at most 256)"})
     random_seed: int = field(default=0, metadata={"help": "seeds the sampling of requests that give no seed: the same requests in the same order sample the same tokens"})

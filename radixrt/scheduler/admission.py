@@ -99,6 +99,14 @@ class Admission:
 
     # ----- admission ----------------------------------------------------------------------------------
 
+    def could_admit(self, running: list[Req]) -> bool:
+        """Whether ``admit`` might take a request in now (cheap; it may say yes where ``admit`` then finds no
+        room): a request is ready (or its grammar is overdue) and a slot is free or may be preempted."""
+        now = time.monotonic()
+        ready = [r for r in self.waiting if r.grammar_future is None or r.grammar_future.done()
+                 or now - r.arrival > GRAMMAR_COMPILE_TIMEOUT_S]
+        return bool(ready) and (len(running) < self.args.max_running_requests or self._may_preempt(ready, running))
+
     def admit(self, running: list[Req]) -> None:
         """Move the requests that fit from the waiting queue to the end of ``running``."""
         self.admitted_now = set()  # a step that admits nothing must not leave an earlier step's set behind

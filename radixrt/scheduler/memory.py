@@ -12,6 +12,8 @@ given back, and advanced by the output step as the forward computes tokens.
 - ``reserve`` gives a planned batch the pages its new tokens need: evict cached pages, then release sessions'
   pins (``unpin``, radixrt.scheduler.sessions) and evict again, then retract running
   requests (the lowest priority first, then the fewest outputs), then allocate.
+- ``reserve_without_retraction`` does the same short of retracting (overlap scheduling: a step launched
+  ahead of the previous one's tokens must not retract a request whose token is in flight).
 - ``cache_prefix`` (after a prefill chunk) puts computed whole pages in the tree for others to share.
 - ``release`` (finish, abort, retraction, failed batch) inserts computed whole pages in the tree, frees the
   private pages the tree did not keep, unlocks the path and empties the table.
@@ -103,11 +105,29 @@ class Memory:
             plan = [(r, n) for r, n in plan if r is not victim]
             self.cache.evict(max(self._pages_short(plan), 0))
             short = self._pages_short(plan)
+        self._allocate(plan)
+        return plan, retracted
+
+    def _allocate(self, plan: Plan) -> None:
         for req, n in plan:
             need = math.ceil((req.num_computed + n) / self.page_size) - len(req.pages)
             if need > 0:
                 req.pages.extend(self.pool.alloc(need))
-        return plan, retracted
+
+    def reserve_without_retraction(self, plan: Plan) -> bool:
+        """Give every planned request the pages its new tokens need, evicting cached pages and sessions' pins
+        if need be; False (and nothing allocated) when that is not enough."""
+        short = self._pages_short(plan)
+        if short > 0:
+            self.cache.evict(short)
+            short = self._pages_short(plan)
+        if short > 0 and self.unpin is not None and self.unpin(short):
+            self.cache.evict(short)
+            short = self._pages_short(plan)
+        if short > 0:
+            return False
+        self._allocate(plan)
+        return True
 
     def cache_prefix(self, req: Req) -> None:
         """After a prefill chunk: put the request's computed whole pages in the tree for others to share."""

@@ -65,7 +65,7 @@ class OutputProcessor:
                 if token is None:
                     continue
                 try:
-                    self._take_token(req, token)
+                    self.take_token(req, token)
                 except Exception as exc:
                     self.finish_with_error(req, exc, "checking its output")
         return [req for req, _ in plan if req.num_computed == req.total_len - 1 or req.finished]
@@ -113,7 +113,8 @@ class OutputProcessor:
     def _next_tokens(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
         return next_tokens(reqs, logits, self.eos_ids, self.vocab_size, self.grammars)
 
-    def _take_token(self, req: Req, token: int) -> None:
+    def take_token(self, req: Req, token: int) -> None:
+        """Append the sampled ``token``: finish checks, then jump-forward."""
         req.output_ids.append(token)
         self._check_finish(req, token)
         if not req.finished and req.grammar is not None:

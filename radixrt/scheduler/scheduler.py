@@ -3,7 +3,8 @@
 Its parts, each with its own contract: ``admission`` (the waiting queue, policy order, page budget),
 ``memory`` (the only code that changes a request's pages), ``batch`` (the plan and its ForwardBatch),
 ``output`` (sampling, finish checks, jump-forward, deltas; ``logits`` turns rows into tokens and logprobs),
-``sessions`` (open sessions, ``session_params``, each session's pin on its latest context in the cache).
+``sessions`` (open sessions, ``session_params``, each session's pin on its latest context in the cache),
+``overlap`` (decode step N+1 launched before step N's tokens are read back; on CUDA by default).
 This module takes messages in (``submit``, drained at the start of each step), runs the step loop, moves
 requests between the queues and keeps the counters behind ``stats``.
 
@@ -42,6 +43,7 @@ from radixrt.scheduler.admission import Admission
 from radixrt.scheduler.batch import Plan, build_forward_batch, plan_batch
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.output import OutputProcessor
+from radixrt.scheduler.overlap import Launched, continuation, continuation_batch, launch, overlappable
 from radixrt.scheduler.policy import POLICIES
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.sessions import Sessions
@@ -114,6 +116,10 @@ class Scheduler:
                                       grammars, self.memory, sink)
         self.inbox: deque[GenerateReq | AbortReq | FlushCacheReq | ControlCall] = deque()
         self.running: list[Req] = []
+        overlap_here = args.enable_overlap_schedule or runner.device.type == "cuda"
+        self.overlap = overlap_here and not args.disable_overlap_schedule and getattr(runner, "world", None) is None
+        self.launched: Launched | None = None  # the decode step in flight under overlap scheduling
+        self.launched_steps = 0  # decode steps launched ahead of their tokens (overlap scheduling)
         self.steps = 0
         self.last_step_seconds = 0.0
         self.forward_seconds = 0.0
@@ -240,13 +246,18 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not (self.inbox or self.waiting or self.running)
+        return not (self.inbox or self.waiting or self.running or self.launched)
 
     # ----- one step -----------------------------------------------------------------------------------
 
     def step(self) -> bool:
         """Run one scheduling step; returns False when there was nothing to do."""
         started = time.perf_counter()
+        if self.launched is not None:
+            if self._continue_launched(started):
+                return True
+            self._settle()
+            return True
         had_messages = bool(self.inbox)
         self._take_inbox()
         for req in self.admission.drop_failed_grammars():
@@ -272,11 +283,24 @@ class Scheduler:
             return True
         self.forward_failures = 0
         self.forward_seconds = time.perf_counter() - forward_started
-        progressed = self.output.process(plan, logits.split(batch.logits_counts))
+        if self.overlap and batch.is_decode and all(overlappable(req) for req, _ in plan):
+            try:
+                self.launched = launch(plan, logits, self.vocab_size)
+                self.launched_steps += 1
+            except Exception:  # sampling failed: the synchronous path samples row by row
+                logger.warning("launching a decode step failed; processing it synchronously", exc_info=True)
+        if self.launched is None:
+            self._finish_step(self.output.process(plan, logits.split(batch.logits_counts)))
+        self._end_step(plan, started)
+        return True
+
+    def _finish_step(self, progressed: list[Req]) -> None:
         for req in progressed:
             if req.finished:
                 self._retire(req)
         self.output.emit(progressed)
+
+    def _end_step(self, plan: Plan, started: float) -> None:
         self.steps += 1
         self.admission.decay()
         self.last_step_seconds = time.perf_counter() - started
@@ -284,7 +308,54 @@ class Scheduler:
         if self.args.debug_checks:
             self.check()
         self._maybe_log()
+
+    # ----- overlap scheduling (scheduler/overlap.py) ----------------------------------------------------
+
+    def _continue_launched(self, started: float) -> bool:
+        """Launch the next decode step of the launched requests, then settle the launched one; False (nothing
+        done) when something else is due, which needs the launched step settled first."""
+        if any(not isinstance(msg, GenerateReq) for msg in self.inbox):
+            return False
+        self._take_inbox()  # new requests only: they wait
+        launched = self.launched
+        if self.admission.could_admit(self.running) or not launched.holds(self.running):
+            return False
+        plan = continuation(launched, self.context_length)
+        if not plan or not self.memory.reserve_without_retraction(plan):
+            return False
+        try:
+            batch = continuation_batch(plan, launched, self.page_size, self.runner.device)
+            self.launched = launch(plan, self.runner.forward(batch), self.vocab_size)
+            self.launched_steps += 1
+        except Exception as exc:
+            self.launched = None
+            self._settle(launched)
+            self._fail_batch([(req, n) for req, n in plan if not req.finished], exc)
+            return True
+        self.forward_failures = 0
+        self._settle(launched)
+        self._end_step(plan, started)
         return True
+
+    def _settle(self, launched: Launched | None = None) -> None:
+        """Read a launched step's tokens back and account for them (the one in flight by default)."""
+        if launched is None:
+            launched, self.launched = self.launched, None
+        try:
+            tokens = launched.token_ids()
+        except Exception as exc:  # the device failed the step: its requests fail, as for a failed forward
+            self._fail_batch([(req, n) for req, n in launched.plan if not req.finished], exc)
+            return
+        progressed = []
+        for (req, _), token in zip(launched.plan, tokens):
+            if req.finished:  # it finished when the step before was settled: this token is dropped
+                continue
+            try:
+                self.output.take_token(req, token)
+            except Exception as exc:
+                self.output.finish_with_error(req, exc, "checking its output")
+            progressed.append(req)
+        self._finish_step(progressed)
 
     def _retire(self, req: Req) -> None:
         """A running request that finished gives its pages back."""

@@ -41,6 +41,7 @@ def server_args(knobs: Knobs, num_pages: int) -> ServerArgs:
         disable_radix_cache=not knobs.radix_cache,
         disable_partial_page_reuse=not knobs.partial_page_reuse,
         disable_jump_forward=not knobs.jump_forward,
+        enable_overlap_schedule=knobs.overlap,
         log_interval=0,
         **{seed_option: knobs.seed},
     )

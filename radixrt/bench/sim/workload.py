@@ -57,6 +57,7 @@ class Knobs:
     logprobs: bool = True
     flushes: bool = True
     priorities: bool = False
+    overlap: bool = False  # the overlap scheduler (decode step N+1 launched before step N is read back)
 
     @classmethod
     def from_seed(cls, seed: int, **overrides) -> "Knobs":
@@ -82,7 +83,8 @@ class Knobs:
                                                         "logprobs", "flushes")},
         )
         # Drawn apart, so that adding the knob left every other knob of a seed as it was.
-        knobs = knobs.replace(priorities=random.Random(f"priorities-{seed}").random() < 0.5)
+        knobs = knobs.replace(priorities=random.Random(f"priorities-{seed}").random() < 0.5,
+                              overlap=random.Random(f"overlap-{seed}").random() < 0.5)
         return knobs.replace(**overrides)
 
     def replace(self, **changes) -> "Knobs":
