@@ -1,7 +1,7 @@
 """The metadata of one forward pass: which new tokens each request computes and where their K/V go.
 
 ``ForwardBatch.build`` computes it on the host with numpy and reaches the device in one non-blocking copy
-from pinned memory (:func:`stage`), so building a batch never waits for the device. The host also keeps what
+from pinned memory (``radixrt.device_copy.stage``), so building a batch never waits for the device. The host also keeps what
 kernels need to size their grids (``max_extend_len``, ``max_seq_len``), so a forward reads nothing back.
 """
 
@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from radixrt.device_copy import stage
 
 
 @dataclass
@@ -96,35 +98,12 @@ class ForwardBatch:
             logits_indices = (starts + firsts)[owner] + np.arange(int(counts.sum())) - (np.cumsum(counts) - counts)[owner]
         input_ids = np.fromiter((t for c in chunks for t in c.tokens), np.int64, total)
         seq_lens = prefix + extend
-        tensors = stage({"input_ids": input_ids, "positions": positions, "out_slots": out_slots,
-                         "page_table": page_table, "prefix_lens": prefix, "extend_lens": extend, "seq_lens": seq_lens,
-                         "logits_indices": logits_indices}, device)
+        host = {"input_ids": input_ids, "positions": positions, "out_slots": out_slots,
+                "page_table": page_table, "prefix_lens": prefix, "extend_lens": extend, "seq_lens": seq_lens,
+                "logits_indices": logits_indices}
+        tensors = stage({name: np.asarray(a, dtype=TENSOR_FIELDS[name]) for name, a in host.items()}, device)
         return cls(**tensors, logits_counts=counts.tolist(), is_decode=is_decode, max_extend_len=int(extend.max()),
                    max_seq_len=int(seq_lens.max()))
 
     def host_fields(self) -> dict:
         return {name: getattr(self, name) for name in HOST_FIELDS}
-
-
-def stage(arrays: dict[str, np.ndarray], device: str | torch.device) -> dict[str, torch.Tensor]:
-    """Host arrays as tensors of the dtypes in ``TENSOR_FIELDS`` on ``device``: on the CPU the arrays' own memory,
-    elsewhere one non-blocking copy of them all from a pinned buffer (torch's pinned-memory cache does not hand the
-    buffer out again until the copy is done)."""
-    device = torch.device(device)
-    typed = {name: np.ascontiguousarray(a, dtype=TENSOR_FIELDS[name]) for name, a in arrays.items()}
-    if device.type == "cpu":
-        return {name: torch.from_numpy(a) for name, a in typed.items()}
-    offsets, size = {}, 0
-    for name, a in typed.items():
-        offsets[name] = size
-        size += -(-a.nbytes // 8) * 8  # every part 8-byte aligned, so it can be viewed as its dtype
-    host = torch.empty(max(size, 8), dtype=torch.uint8, pin_memory=device.type == "cuda")
-    view = host.numpy()
-    for name, a in typed.items():
-        view[offsets[name] : offsets[name] + a.nbytes] = a.view(np.uint8).reshape(-1)
-    on_device = host.to(device, non_blocking=True)
-    out = {}
-    for name, a in typed.items():
-        part = on_device[offsets[name] : offsets[name] + a.nbytes]
-        out[name] = part.view(torch.from_numpy(a[:0]).dtype).view(a.shape)
-    return out

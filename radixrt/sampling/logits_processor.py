@@ -6,39 +6,62 @@ moved there.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from radixrt.device_copy import stage
 from radixrt.sampling.params import SamplingParams
 
 
 def apply_penalties(
     logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]], outputs: list[list[int]]
 ) -> torch.Tensor:
-    """Repetition (HF: over prompt and output), frequency and presence (OpenAI: over the output) penalties."""
+    """Repetition (HF: over prompt and output), frequency and presence (OpenAI: over the output) penalties, in
+    place, for all penalised rows at once (their token ids reach the device in one copy)."""
     rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty]
     if not rows:
         return logits
     vocab = logits.shape[-1]
-    for i in rows:
-        p = params[i]
-        row = logits[i]
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(prompts[i]) | set(outputs[i])), dtype=torch.long, device=logits.device)
-            if seen.numel():
-                values = row[seen]
-                row[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-        if (p.frequency_penalty or p.presence_penalty) and outputs[i]:
-            ids = torch.tensor(outputs[i], dtype=torch.long, device=logits.device)
-            counts = torch.bincount(ids, minlength=vocab).to(row.dtype)
-            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+    chosen = [params[i] for i in rows]
+    repeat = [i for i in rows if params[i].repetition_penalty != 1.0]
+    seen = [prompts[i] + outputs[i] if params[i].repetition_penalty != 1.0 else [] for i in rows]
+    counted = [outputs[i] if params[i].frequency_penalty or params[i].presence_penalty else [] for i in rows]
+    t = stage({
+        "rows": np.array(rows, np.int64),
+        "repetition": np.array([[p.repetition_penalty] for p in chosen], np.float32),
+        "frequency": np.array([[p.frequency_penalty] for p in chosen], np.float32),
+        "presence": np.array([[p.presence_penalty] for p in chosen], np.float32),
+        "seen": _padded(seen, vocab), "counted": _padded(counted, vocab),
+    }, logits.device)
+    sub = logits[t["rows"]]
+    if repeat:
+        mask = torch.zeros(len(rows), vocab + 1, dtype=torch.bool, device=logits.device)
+        mask.scatter_(1, t["seen"], True)
+        penalised = torch.where(sub > 0, sub / t["repetition"], sub * t["repetition"])
+        sub = torch.where(mask[:, :vocab], penalised, sub)
+    if any(counted):
+        counts = torch.zeros(len(rows), vocab + 1, dtype=sub.dtype, device=logits.device)
+        counts.scatter_add_(1, t["counted"], torch.ones_like(t["counted"], dtype=sub.dtype))
+        counts = counts[:, :vocab]
+        sub = sub - (t["frequency"] * counts + t["presence"] * (counts > 0).to(sub.dtype))
+    logits[t["rows"]] = sub
     return logits
 
 
+def _padded(ids: list[list[int]], pad: int) -> np.ndarray:
+    """``ids`` as one ``[rows, longest]`` matrix, padded with ``pad`` (a column past the vocabulary)."""
+    out = np.full((len(ids), max(1, max(map(len, ids)))), pad, np.int64)
+    for row, values in zip(out, ids):
+        row[: len(values)] = values
+    return out
+
+
 def ban_tokens(logits: torch.Tensor, banned: list[list[int]]) -> torch.Tensor:
-    """Set the listed token ids of each row to -inf (eos and stop ids before min_new_tokens)."""
-    for row, ids in enumerate(banned):
-        if ids:
-            logits[row, ids] = float("-inf")
+    """Set the listed token ids of each row to -inf (eos and stop ids before min_new_tokens), all in one copy."""
+    pairs = [(row, token) for row, ids in enumerate(banned) for token in ids]
+    if pairs:
+        t = stage({"pairs": np.array(pairs, np.int64)}, logits.device)["pairs"]
+        logits[t[:, 0], t[:, 1]] = float("-inf")
     return logits
 
 

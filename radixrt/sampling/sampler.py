@@ -1,8 +1,8 @@
 """Turns a batch of logits into next tokens, vectorised over requests with different parameters.
 
 Device contract: every tensor ``sample`` uses lives on the logits' device. Build the batch there
-(``SamplingBatch.build(..., device=logits.device)``); a batch built elsewhere is moved first (a few small
-copies per step). A seeded request's generator should live on that device too: its noise is then drawn in
+(``SamplingBatch.build(..., device=logits.device)``: its parameters reach the device in one non-blocking copy,
+none when every row is greedy); a batch built elsewhere is moved first. A seeded request's generator should live on that device too: its noise is then drawn in
 place. A generator on another device (a CPU generator next to CUDA logits) still works: that row's noise
 is drawn where the generator is and copied over, one ``[vocab]`` transfer per row and step.
 """
@@ -12,20 +12,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from radixrt.device_copy import stage
 from radixrt.sampling.params import SamplingParams
 
 
 @dataclass
 class SamplingBatch:
-    """Per-row sampling parameters as tensors, built once per forward."""
+    """Per-row sampling parameters as tensors, built once per forward (none at all when every row is greedy)."""
 
-    temperatures: torch.Tensor  # [B, 1]
-    top_ks: torch.Tensor  # [B] (vocab size where off)
-    top_ps: torch.Tensor  # [B]
-    min_ps: torch.Tensor  # [B]
-    greedy: torch.Tensor  # [B] bool
+    temperatures: torch.Tensor | None  # [B, 1]
+    top_ks: torch.Tensor | None  # [B] (vocab size where off)
+    top_ps: torch.Tensor | None  # [B]
+    min_ps: torch.Tensor | None  # [B]
+    greedy: torch.Tensor | None  # [B] bool
     generators: list[torch.Generator | None]
     all_greedy: bool
     need_top_k: bool
@@ -42,27 +44,28 @@ class SamplingBatch:
     ) -> "SamplingBatch":
         greedy = [p.greedy for p in params]
         top_ks = [vocab_size if p.top_k < 1 else min(p.top_k, vocab_size) for p in params]
-        return cls(
-            temperatures=torch.tensor([[1.0 if g else p.temperature] for p, g in zip(params, greedy)], device=device),
-            top_ks=torch.tensor(top_ks, device=device),
-            top_ps=torch.tensor([p.top_p for p in params], device=device),
-            min_ps=torch.tensor([p.min_p for p in params], device=device),
-            greedy=torch.tensor(greedy, device=device),
-            generators=generators or [None] * len(params),
-            all_greedy=all(greedy),
-            need_top_k=any(k < vocab_size for k in top_ks),
-            need_top_p=any(p.top_p < 1.0 for p in params),
-            need_min_p=any(p.min_p > 0.0 for p in params),
-        )
+        flags = dict(generators=generators or [None] * len(params), all_greedy=all(greedy),
+                     need_top_k=any(k < vocab_size for k in top_ks), need_top_p=any(p.top_p < 1.0 for p in params),
+                     need_min_p=any(p.min_p > 0.0 for p in params))
+        if flags["all_greedy"]:  # argmax needs no parameter: nothing to copy to the device
+            return cls(temperatures=None, top_ks=None, top_ps=None, min_ps=None, greedy=None, **flags)
+        tensors = stage({
+            "temperatures": np.array([[1.0 if g else p.temperature] for p, g in zip(params, greedy)], np.float32),
+            "top_ks": np.array(top_ks, np.int64),
+            "top_ps": np.array([p.top_p for p in params], np.float32),
+            "min_ps": np.array([p.min_p for p in params], np.float32),
+            "greedy": np.array(greedy, np.bool_),
+        }, device)
+        return cls(**tensors, **flags)
 
     @property
-    def device(self) -> torch.device:
-        return self.greedy.device
+    def device(self) -> torch.device | None:
+        return None if self.greedy is None else self.greedy.device
 
     def to(self, device: str | torch.device) -> "SamplingBatch":
         """This batch with its tensors on ``device`` (itself when they are there already)."""
         device = torch.device(device)
-        if _same_device(self.device, device):
+        if self.greedy is None or _same_device(self.device, device):
             return self
         tensors = ("temperatures", "top_ks", "top_ps", "min_ps", "greedy")
         return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name in tensors})

@@ -26,7 +26,8 @@ def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_
     """One next token per row of ``logits`` (one row per request); logprobs of the raw logits."""
     params = [r.params for r in reqs]
     raw = logits
-    logits = logits.clone()
+    if any(r.return_logprob for r in reqs):  # logprobs are of the raw logits: penalise and mask a copy
+        logits = logits.clone()
     apply_penalties(logits, params, [r.prompt_ids for r in reqs], [r.output_ids for r in reqs])
     banned = []
     for r in reqs:
