@@ -1,6 +1,8 @@
 """The in-process runtime, call-compatible with SGLang's offline Engine.
 
 The scheduler runs in a background thread; calls from any number of threads (or coroutines) batch together.
+Token ids become text on a second thread (``radixrt-detokenizer``), off the scheduler's, in the order the
+scheduler emitted them.
 A request the runtime cannot serve raises ``ValueError`` before it is queued; a request that failed inside the
 runtime (its batch's forward failed) raises ``RuntimeError`` while the engine keeps serving. Only a model that
 can no longer run stops the scheduler thread: then every call raises ``EngineDead`` at once, with the cause.
@@ -85,6 +87,10 @@ class Engine:
             self.loaded.close()
             raise
         self.detokenizer = Detokenizer(self.tokenizer)
+        self._outputs: queue.SimpleQueue[BatchTokenOut | None] = queue.SimpleQueue()
+        self._detokenizer_thread = threading.Thread(target=self._detokenize_loop, name="radixrt-detokenizer",
+                                                    daemon=True)
+        self._detokenizer_thread.start()
         self._profiler = StepProfiler()
         self._waiters: dict[str, _Waiter] = {}
         self._lock = threading.Lock()
@@ -122,6 +128,17 @@ class Engine:
             waiter.put(exc)
 
     def _on_tokens(self, batch: BatchTokenOut) -> None:
+        """The scheduler's sink (its thread): hand the batch to the detokenizer thread."""
+        self._outputs.put(batch)
+
+    def _detokenize_loop(self) -> None:
+        while (batch := self._outputs.get()) is not None:
+            try:
+                self._deliver(batch)
+            except Exception:  # a bug here must not strand the callers of every later batch
+                logger.exception("delivering a batch of outputs failed")
+
+    def _deliver(self, batch: BatchTokenOut) -> None:
         for out in self.detokenizer.process(batch).outputs:
             reason = out.delta.finish_reason
             with self._lock:
@@ -341,6 +358,9 @@ class Engine:
             self._thread.join(timeout=30)
         if not self._thread.is_alive():
             self.loaded.close()  # a no-op where the thread already did it
+        self._outputs.put(None)
+        if threading.current_thread() is not self._detokenizer_thread:
+            self._detokenizer_thread.join(timeout=30)
         _LIVE_ENGINES.discard(self)
         self._fail_waiters(EngineDead("the engine is shut down"))
 
