@@ -4,12 +4,14 @@ Importing this module imports triton, so only the kernel modules import it (neve
 module level). ``TRITON_INTERPRET=1`` must be set before the kernel modules are imported for the
 interpreter to take effect: ``triton_ops`` does that when no CUDA device exists.
 
-On a GPU the kernels autotune (each new shape key compiles and times every config, a few seconds);
+On a GPU the kernels autotune (each new shape key compiles and times every config, a few seconds; the model runner
+does it at start-up, and the timings are cached on disk);
 ``RADIXRT_TRITON_AUTOTUNE=0``, read at import, launches one fixed config instead (quick checks).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -27,7 +29,9 @@ def autotune(configs: list, key: list[str]):
     """``triton.autotune`` where a GPU driver exists and autotuning is on, else the identity (launchers then
     pass fixed tiles)."""
     if AUTOTUNE:
-        return triton.autotune(configs=configs, key=key)
+        # timings cached on disk next to triton's kernel cache: a restart does not tune again
+        cached = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+        return triton.autotune(configs=configs, key=key, **cached)
     return lambda fn: fn
 
 

@@ -1,7 +1,8 @@
 """The decode-graph runner (radixrt/model/cuda_graph.py) on a CPU, with a stand-in for CUDA graphs.
 
-``ReplayByCall`` captures a closure over the runner's static buffers and replays it by calling it again,
-writing into the output tensor it captured: what a CUDA graph does with the same buffers. The model runs
+``ReplayByCall`` (the stand-in factory of radixrt/model/cuda_graph.py) captures a closure over the runner's
+static buffers and replays it by calling it again, writing into the output tensor it captured: what a CUDA graph
+does with the same buffers. The model runs
 the Triton attention backend in triton's interpreter (the GPU path's kernels), so buckets, padding rows,
 rows left from larger batches and buffer reuse are all checked on the code a GPU runs.
 """
@@ -16,33 +17,12 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from radixrt.model.cuda_graph import GraphRunner, HostSyncError, NoHostSync, default_buckets  # noqa: E402
+from radixrt.model.cuda_graph import GraphRunner, HostSyncError, NoHostSync, ReplayByCall, default_buckets  # noqa: E402
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk  # noqa: E402
 from radixrt.model.runner import ModelRunner  # noqa: E402
 from tiny_models import save_tiny_model  # noqa: E402
 
 PAGE = 4
-
-
-class ReplayByCall:
-    """A stand-in graph factory: the capture runs the closure once; a replay runs it again into that output."""
-
-    def __init__(self) -> None:
-        self.captured: list[int] = []
-
-    def __call__(self, fn):
-        factory = self
-
-        class Graph:
-            output = fn()
-            replays = 0
-
-            def replay(self) -> None:
-                self.output.copy_(fn())
-                type(self).replays += 1
-
-        factory.captured.append(Graph.output.shape[0])
-        return Graph()
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +163,11 @@ def test_the_model_forward_captures_without_a_sync(runners):
     """The real capture above ran under NoHostSync: the decode forward (Triton kernels) never syncs."""
     graphed, _, _ = runners
     assert len(graphed.graphs.graphs) == 3
+
+
+def test_start_up_warm_up_runs_prefill_extend_and_decode(runners):
+    """What a CUDA runner runs at start-up (so Triton compiles and autotunes there): here on the same kernels."""
+    graphed, _, _ = runners
+    before = graphed.graphs.replays
+    graphed._warm_up()
+    assert graphed.graphs.replays == before + 1  # its decode step is a graph replay of bucket 1

@@ -14,7 +14,12 @@ Parts, each reported as pass or fail with its error (the exit status is 1 when a
   within ``TIE`` of each other (bf16 rounding flips such steps); the tokens after it are not compared.
 - ``server``: ``radixrt serve --device ...``, one ``/generate`` and one ``/v1/chat/completions``.
 - ``bandwidth``: decode-kernel bandwidth (K/V bytes read / time) at a few batch x context sizes, against the
-  card's peak; each size is checked against torch_ref first.
+  card's peak, timed alone and under a CUDA graph (and at small batches for each split count); each size is
+  checked against torch_ref first.
+- ``graphs``: CUDA-graph decode: replayed logits equal eager ones bit for bit (fp32) at every captured batch
+  size, padding rows write nothing, greedy tokens with graphs and overlap scheduling equal those without.
+- ``speed``: the Engine's defaults against transformers' eager ``generate``: batch-1 ms/token, a batch of random
+  prompts, groups sharing a long prefix.
 
 A readable summary goes to stdout; every figure goes to ``$OUT/gpu_check.json`` when ``OUT`` is set (or to
 ``--json``). Autotuning is off (``RADIXRT_TRITON_AUTOTUNE=0``: one fixed config per kernel, no
@@ -39,7 +44,10 @@ import time
 import traceback
 from pathlib import Path
 
+from radixrt.bench.gpu_check_fast import check_graphs, check_speed
 from radixrt.bench.gpu_check_parts import PARTS, Context, Part, Sizes
+
+PARTS.update(graphs=check_graphs, speed=check_speed)
 
 CUDA_SIZES = Sizes(
     kernel_shapes=[("smollm2", 9, 3, 64, ["float32", "bfloat16"], [1, 16]),
@@ -47,8 +55,11 @@ CUDA_SIZES = Sizes(
     decode_lens=[1, 17, 300, 1100], extend_lens=[(0, 7), (5, 1), (33, 40), (250, 130)], window=64,
     engine_prompts=4, new_tokens=24,
     bandwidth_shape=(32, 8, 128),
-    bandwidth_cases=[(1, 4096), (8, 4096), (32, 4096), (64, 8192), (128, 4096), (256, 1024)],
+    bandwidth_cases=[(1, 4096), (8, 4096), (32, 4096), (64, 4096), (64, 8192), (128, 4096), (256, 1024)],
     server_dtype="bfloat16",
+    graph_max_bs=256, graph_pages=4096, graph_context=600, graph_prompts=8,
+    speed_latency_tokens=256, speed_batch=256, speed_prompt=512, speed_output=128, speed_groups=8,
+    speed_per_group=32, speed_prefix=2000, speed_kv_gb=40.0,
 )
 CPU_SIZES = Sizes(
     kernel_shapes=[("tiny", 4, 2, 16, ["float32", "bfloat16"], [1, 4])],
@@ -56,6 +67,7 @@ CPU_SIZES = Sizes(
     engine_prompts=2, new_tokens=8,
     bandwidth_shape=(4, 1, 64), bandwidth_cases=[(1, 40), (3, 40)],
     server_dtype="float32",
+    graph_max_bs=2, graph_pages=32, graph_context=20, graph_prompts=2,
 )
 
 
@@ -125,10 +137,29 @@ def summary(parts: list[Part]) -> str:
         if p.name == "server" and "startup_seconds" in f:
             lines.append(f"    ready in {f['startup_seconds']} s; /generate {f.get('generate_seconds')} s, "
                          f"chat {f.get('chat_seconds')} s")
+        if p.name == "graphs" and "buckets" in f:
+            lines.append(f"    {len(f['buckets'])} batch sizes captured in {f['capture_seconds']} s "
+                         f"({f['capture_mb']} MB); replay == eager for batches {f.get('batches_checked')}")
+            for dtype_name in ("float32", "bfloat16"):
+                e = f.get(dtype_name)
+                if e:
+                    lines.append(f"    {dtype_name}: {e['tokens_compared']} tokens equal with graphs+overlap, "
+                                 f"{len(e['near_ties'])} near-tie divergence(s); {e['graph_replays']} replays, "
+                                 f"{e['launched_steps']} steps launched ahead")
+        if p.name == "speed" and "radixrt" in f:
+            for engine in ("radixrt", "transformers"):
+                for name, r in f.get(engine, {}).items():
+                    if isinstance(r, dict):
+                        extra = f", {r['ms_per_token']} ms/token" if "ms_per_token" in r else ""
+                        lines.append(f"    {engine:<12} {name:<14} {r['tok_s']:>9.1f} tok/s{extra}")
+            if f.get("speedup"):
+                lines.append(f"    speedup over transformers: {f['speedup']}")
         if p.name == "bandwidth":
             lines.append(f"    peak {f.get('peak')}")
             for c in f.get("cases", []):
                 speed = f"{c['gb_per_s']:>8.1f} GB/s {c.get('percent_of_peak', '-')}%" if "gb_per_s" in c else ""
+                if "graph_gb_per_s" in c:
+                    speed += f", graphed {c['graph_gb_per_s']:>8.1f} GB/s {c.get('graph_percent_of_peak', '-')}%"
                 lines.append(f"    batch {c['batch']:>4} x ctx {c['context']:>6}: splits {c['splits']:>2}, "
                              f"diff {c['max_abs_diff']:.1e} {speed}")
     return "\n".join(lines)

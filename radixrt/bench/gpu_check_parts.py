@@ -30,6 +30,20 @@ class Sizes:
     bandwidth_shape: tuple[int, int, int]
     bandwidth_cases: list[tuple[int, int]]  # (batch, context)
     server_dtype: str
+    # graphs: the largest captured batch, the pool, the longest context and the prompts of the token check
+    graph_max_bs: int = 4
+    graph_pages: int = 64
+    graph_context: int = 40
+    graph_prompts: int = 2
+    # speed: batch-1 tokens; random prompts (count, length, output); shared-prefix groups (count, size, prefix)
+    speed_latency_tokens: int = 4
+    speed_batch: int = 2
+    speed_prompt: int = 8
+    speed_output: int = 4
+    speed_groups: int = 2
+    speed_per_group: int = 2
+    speed_prefix: int = 16
+    speed_kv_gb: float = 0.2
 
 
 @dataclass
@@ -315,11 +329,23 @@ def check_bandwidth(ctx: Context, part: Part) -> None:
         case = {"batch": batch, "context": context, "max_abs_diff": diff,
                 "splits": choose_num_splits(batch, kv_heads, table.shape[1] * page, device)}
         if device.type == "cuda":
-            ms = timed(lambda: triton_ops.decode_attention(*call), device)
+            from triton.testing import do_bench_cudagraph
+
             kv_bytes = batch * context * kv_heads * dim * 2 * k_cache.element_size()
-            case.update(ms=round(ms, 4), gb_per_s=round(kv_bytes / (ms * 1e-3) / 1e9, 1))
+            ms = timed(lambda: triton_ops.decode_attention(*call), device)
+            # under a CUDA graph (as decode steps run): the kernels alone, without their launch cost
+            graph_ms = float(do_bench_cudagraph(lambda: triton_ops.decode_attention(*call), rep=40))
+            case.update(ms=round(ms, 4), gb_per_s=round(kv_bytes / (ms * 1e-3) / 1e9, 1),
+                        graph_ms=round(graph_ms, 4), graph_gb_per_s=round(kv_bytes / (graph_ms * 1e-3) / 1e9, 1))
             if peak:
                 case["percent_of_peak"] = round(100 * kv_bytes / (ms * 1e-3) / peak, 1)
+                case["graph_percent_of_peak"] = round(100 * kv_bytes / (graph_ms * 1e-3) / peak, 1)
+            if batch <= 8:  # split-KV at small batches: each power of two, under graphs
+                from radixrt.kernels.triton_decode import decode_attention as split_decode
+
+                case["graph_ms_by_splits"] = {
+                    n: round(float(do_bench_cudagraph(lambda n=n: split_decode(*call, num_splits=n), rep=20)), 4)
+                    for n in (1, 2, 4, 8, 16, 32, 64)}
         part.figures["cases"].append(case)
         del k_cache, v_cache, table, q
     _free_cuda_cache()

@@ -79,6 +79,29 @@ class _Cuda:
         self.graph.replay()
 
 
+class ReplayByCall:
+    """A stand-in factory where no CUDA graph exists (tests and dry runs on a CPU): the capture calls the closure
+    once; a replay calls it again over the same static buffers and copies the result into the captured output,
+    which is what a graph replay does with them."""
+
+    def __init__(self) -> None:
+        self.captured: list[int] = []  # the captured batch sizes, in capture order
+
+    def __call__(self, fn: Callable[[], torch.Tensor]) -> CapturedGraph:
+        graph = _Replayed(fn, fn())
+        self.captured.append(graph.output.shape[0])
+        return graph
+
+
+@dataclass
+class _Replayed:
+    fn: Callable[[], torch.Tensor]
+    output: torch.Tensor
+
+    def replay(self) -> None:
+        self.output.copy_(self.fn())
+
+
 class HostSyncError(RuntimeError):
     """An op inside a captured region would wait for the device or copy between host and device."""
 

@@ -28,7 +28,7 @@ from radixrt.memory.page_pool import KVLayout, PagePool, default_budget_bytes
 from radixrt.model.cpu_malloc import keep_freed_memory
 from radixrt.model.attention import AttentionBackend, create_attention_backend
 from radixrt.model.cuda_graph import CudaGraphFactory, GraphFactory, GraphRunner
-from radixrt.model.forward_batch import ForwardBatch
+from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.llama import (
     SUPPORTED_ARCHITECTURES,
     LlamaForCausalLM,
@@ -162,11 +162,30 @@ class ModelRunner:
             self.pool = PagePool.from_memory_budget(layout, kv_memory_gb, self.device)
         self.attention: AttentionBackend = create_attention_backend(self.pool, attention_backend)
         self.graphs: GraphRunner | None = None
+        if self.device.type == "cuda" and world is None:  # ranks would have to warm up in step
+            self._warm_up()
         if graph_factory is None and self.device.type == "cuda" and world is None and not disable_cuda_graph:
             graph_factory = CudaGraphFactory(self.device)
         if graph_factory is not None:
             self._capture_graphs(graph_factory, cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS)
         self.load_seconds = time.perf_counter() - started
+
+    def _warm_up(self) -> None:
+        """Compile and autotune the kernels of prefill, extend and decode now, not on the first requests: a few
+        small batches whose K/V land in pages no request holds yet (every request writes its pages before it
+        reads them)."""
+        started = time.perf_counter()
+        size = self.page_size
+        pages = list(range(min(self.pool.num_pages, -(-96 // size))))
+        tokens = [1 + i % 100 for i in range(len(pages) * size)]
+        half = len(tokens) // 2
+        with torch.inference_mode():
+            self.forward(ForwardBatch.build([SeqChunk(tokens[:half], 0, pages)], size, self.device))
+            self.forward(ForwardBatch.build([SeqChunk(tokens[half:-1], half, pages)], size, self.device))
+            self.forward(ForwardBatch.build([SeqChunk(tokens[-1:], len(tokens) - 1, pages)], size, self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        logger.info("kernels warmed up in %.1f s", time.perf_counter() - started)
 
     def _capture_graphs(self, factory: GraphFactory, max_bs: int) -> None:
         max_pages = math.ceil(self.context_length / self.page_size)
