@@ -171,3 +171,10 @@ def test_start_up_warm_up_runs_prefill_extend_and_decode(runners):
     before = graphed.graphs.replays
     graphed._warm_up()
     assert graphed.graphs.replays == before + 1  # its decode step is a graph replay of bucket 1
+
+
+def test_a_device_named_with_or_without_its_index_is_the_same_device():
+    """A runner built for "cuda" must replay batches whose tensors say "cuda:0" (here: cpu:0 and cpu)."""
+    runner = GraphRunner(lambda batch: torch.zeros(batch.batch_size, 3), max_bs=2, max_pages=4,
+                         device=torch.device("cpu", 0), factory=ReplayByCall())
+    assert runner.can_run(ForwardBatch.build([SeqChunk([5], 3, [1])], PAGE))

@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="radixrt-gpu-check-") as scratch:
         model = args.model or DEFAULT_MODEL
-        if args.synthetic_weights and {"engine", "server"} & set(names):
+        if args.synthetic_weights and {"engine", "server", "graphs", "speed"} & set(names):
             model = str(synthetic_model(Path(args.synthetic_weights), Path(scratch) / "model"))
             print(f"# synthetic weights with the config of {args.synthetic_weights}", flush=True)
         ctx = Context(device=device, sizes=CUDA_SIZES if device.startswith("cuda") else CPU_SIZES, model=model,

@@ -177,8 +177,9 @@ class GraphRunner:
         self.capture_bytes = self._reserved() - reserved
 
     def can_run(self, batch: ForwardBatch) -> bool:
+        # device types: the runner's device may carry no index ("cuda") where its tensors say "cuda:0"
         return (batch.is_decode and batch.batch_size <= self.max_bs and batch.page_table.shape[1] <= self.max_pages
-                and batch.input_ids.device == self.device)
+                and batch.input_ids.device.type == self.device.type)
 
     def bucket_for(self, bs: int) -> int:
         return next(b for b in self.buckets if b >= bs)

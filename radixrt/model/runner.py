@@ -7,8 +7,8 @@ out of step). The only other write to K/V, the radix cache's copy of a partly ma
 rank 0 (``MirroredPagePool``) and sent with the next batch; followers apply it before that forward, so
 every pool goes through the same writes in the same order.
 
-On CUDA (one rank), decode batches replay CUDA graphs captured at start-up (``model/cuda_graph.py``), unless
-``disable_cuda_graph``; any other batch runs eagerly. A ``graph_factory`` given by a caller (tests on a CPU)
+On CUDA (one rank, the Triton attention backend), decode batches replay CUDA graphs captured at start-up
+(``model/cuda_graph.py``), unless ``disable_cuda_graph``; any other batch runs eagerly. A ``graph_factory`` given by a caller (tests on a CPU)
 takes the CUDA graphs' place.
 """
 
@@ -164,7 +164,9 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         if self.device.type == "cuda" and world is None:  # ranks would have to warm up in step
             self._warm_up()
-        if graph_factory is None and self.device.type == "cuda" and world is None and not disable_cuda_graph:
+        # graphs need a forward that never syncs: the Triton backend's (the torch one plans on the host)
+        if (graph_factory is None and self.device.type == "cuda" and world is None and not disable_cuda_graph
+                and self.attention.backend == "triton"):
             graph_factory = CudaGraphFactory(self.device)
         if graph_factory is not None:
             self._capture_graphs(graph_factory, cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS)
