@@ -41,8 +41,7 @@ def _split_bounds(seq_len, window, split, NUM_SPLITS: tl.constexpr, SPLIT_ALIGN:
 _DECODE_CONFIGS = [
     triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
     # No register spills on sm_90 at head_dim 128 (python -m radixrt.kernels.triton_compile shows them).
-    for bn, w, s in [(16, 4, 2), (32, 4, 2), (32, 4, 3), (64, 8, 2), (64, 8, 3), (64, 4, 3), (64, 4, 4),
-                     (128, 8, 3)]
+    for bn, w, s in [(16, 4, 2), (32, 4, 2), (32, 4, 3), (32, 4, 4), (64, 8, 2), (64, 8, 3), (64, 8, 4)]
 ]
 
 
