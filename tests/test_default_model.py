@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from radixrt.bench.gpu_check_parts import TIE
 from radixrt.model.runner import ModelRunner
 from radixrt.lockstep import generate_ids
 from radixrt.sampling.params import SamplingParams
@@ -23,11 +24,14 @@ def tokenizer(default_model_path):
     return load_tokenizer(default_model_path)
 
 
-@pytest.fixture(scope="module")
-def hf_greedy(default_model_path, tokenizer):
+def transformers_model(model_path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+
+
+def transformers_greedy(model, tokenizer) -> list[list[int]]:
+    """transformers' greedy continuation (32 tokens) of each chat prompt."""
     outputs = []
     for prompt in CHAT_PROMPTS:
         ids = apply_chat_template(tokenizer, [{"role": "user", "content": prompt}])
@@ -41,6 +45,11 @@ def hf_greedy(default_model_path, tokenizer):
     return outputs
 
 
+@pytest.fixture(scope="module")
+def hf_greedy(default_model_path, tokenizer):
+    return transformers_greedy(transformers_model(default_model_path, torch.float32), tokenizer)
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_greedy_equals_transformers_generate(default_model_path, tokenizer, hf_greedy, page_size):
     runner = ModelRunner(default_model_path, dtype="float32", page_size=page_size, kv_memory_gb=0.25)
@@ -50,13 +59,23 @@ def test_greedy_equals_transformers_generate(default_model_path, tokenizer, hf_g
     assert runner.pool.num_used == 0
 
 
-def test_bf16_generation_is_sane(default_model_path, tokenizer, hf_greedy):
+def test_bf16_greedy_follows_transformers_bf16_up_to_a_near_tie(default_model_path, tokenizer):
+    """bf16 against transformers in bf16 on this machine, never against fp32: two bf16 forwards round
+    differently (kernels, summation order), so a greedy step whose two best tokens lie within a bf16 tie
+    (``TIE``, as the GPU check judges) may go either way; from there on the sequences are not compared."""
     runner = ModelRunner(default_model_path, dtype="bfloat16", kv_memory_gb=0.25)
     prompts = [apply_chat_template(tokenizer, [{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
     ours = generate_ids(runner, prompts, SamplingParams(max_new_tokens=32, temperature=0.0, ignore_eos=True))
-    # bf16 rounding may flip a near-tie late in a sequence; the opening tokens must agree with fp32.
-    for got, ref in zip(ours, hf_greedy):
-        assert got[:4] == ref[:4]
+    model = transformers_model(default_model_path, torch.bfloat16)
+    reference = transformers_greedy(model, tokenizer)
+    for prompt, got, want in zip(prompts, ours, reference):
+        same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+        if same < len(want):
+            with torch.no_grad():  # transformers' own logprobs on the shared prefix: how close was its choice?
+                logits = model(torch.tensor([prompt + got[:same]])).logits[0, -1].float()
+            logprobs = torch.log_softmax(logits, -1)
+            gap = (logprobs[want[same]] - logprobs[got[same]]).item()
+            assert gap <= TIE["bfloat16"], (prompt, same, got[same], want[same], gap)
     assert "Paris" in tokenizer.decode(ours[0])
 
 
