@@ -1,11 +1,17 @@
 """C++ CPU kernels (kernels/csrc), compiled on first use with torch's JIT extension builder and cached.
 
-``rms_norm`` (with the residual add fused in), ``silu_and_mul`` and ``rotary_embedding`` each replace a chain
-of small torch ops of a decoder layer. ``linear_panels`` is the fp32 linear layer of CPUs with AVX2 and no
-AVX-512 (see radixrt.model.cpu_linear). ``paged_decode`` reads each request's K/V pages where they lie in the
-pool: the torch path must first copy every request's whole history (``gather_pages``) and then read the copy
-again, which at long contexts costs more than the attention itself. Build once: ``python -m radixrt.kernels.cpu_kernels`` (about 50 s with
-gcc; later loads take well under a second).
+``rms_norm`` (with the residual add fused in), ``silu_and_mul``, ``rotary_embedding`` and ``rope_and_store``
+(rotary with the K/V store) each replace a chain of small torch ops of a decoder layer, a vector at a time in
+fp32 and rounding to bf16/fp16 where the transformers reference rounds. ``linear_panels`` is the fp32 linear
+layer of CPUs with AVX2 and no AVX-512 (see radixrt.model.cpu_linear). ``paged_decode`` reads each request's
+K/V pages where they lie in the pool: the torch path must first copy every request's whole history
+(``gather_pages``) and then read the copy again, which at long contexts costs more than the attention itself;
+on bf16 caches it multiplies with AVX512-BF16 dot products where the CPU has them. Build once:
+``python -m radixrt.kernels.cpu_kernels`` (about 60 s with gcc; later loads take well under a second).
+
+The kernels are compiled for the widest vectors the CPU has (:func:`vector_flags`): ATen's AVX-512 vectors
+where it has AVX512F/BW/VL/DQ (and AVX512-BF16 instructions where it has them), else AVX2, else ATen's
+portable ones. ``RADIXRT_CPU_VECTORS=avx2|default`` builds narrower ones, to test those paths on a wider CPU.
 
 Contract of :func:`load`: where the toolchain is present (the C++ compiler torch's extension builder would
 call, ``$CXX`` else ``c++``, and ninja) the kernels must build, and a failed build raises
@@ -32,8 +38,11 @@ from types import ModuleType
 import torch
 
 logger = logging.getLogger(__name__)
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "paged_decode.cpp", "fused_ops.cpp",
-                                                                   "linear_panels.cpp")]
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "fused_ops.cpp", "linear_panels.cpp")]
+HEADERS = [CSRC / "dtype_vec.h"]
+VECTORS_ENV = "RADIXRT_CPU_VECTORS"
+AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # what ATen's AVX-512 vectors need
 
 
 def enabled() -> bool:
@@ -53,20 +62,34 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(_cpu_flags().partition(":")[2].split())
 
 
-def _vector_flags(cpu_flags: str) -> list[str]:
-    """Which of ATen's vector implementations (at::vec, used for exp) the kernels compile against."""
+def vector_flags(cpu_flags: str, limit: str | None = None) -> list[str]:
+    """The compiler flags that pick ATen's vectors (at::vec) and the instruction sets the kernels may use: the
+    widest the CPU has, or at most ``limit`` (``avx2``, ``default``; :data:`VECTORS_ENV`). They come after
+    ``-march=native``, so a narrower build also switches off what that enabled."""
+    if limit not in (None, "", "avx512", "avx2", "default"):
+        raise ValueError(f"{VECTORS_ENV}={limit!r}; choose avx512, avx2 or default")
     names = set(cpu_flags.split())
-    if {"avx2", "fma"} <= names:
-        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
-    return ["-DCPU_CAPABILITY=DEFAULT"]
+    if set(AVX512) <= names and limit in (None, "", "avx512"):
+        flags = ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", *(f"-m{name}" for name in AVX512)]
+        return flags + (["-mavx512bf16"] if "avx512_bf16" in names else [])
+    narrower = ["-mno-avx512f"] if "avx512f" in names else []  # -march=native would keep AVX-512 code on
+    if {"avx2", "fma"} <= names and limit != "default":
+        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", *narrower]
+    return ["-DCPU_CAPABILITY=DEFAULT", *narrower, *(["-mno-avx2"] if "avx2" in names else [])]
+
+
+def compile_flags() -> list[str]:
+    return ["-O3", "-march=native", "-fopenmp", *vector_flags(_cpu_flags(), os.environ.get(VECTORS_ENV))]
 
 
 def _build_name() -> str:
-    """Sources, torch version and CPU flags in the name: ``-march=native`` code must not move between CPUs."""
+    """Sources, torch version, CPU flags and compiler flags in the name: ``-march=native`` code must not move
+    between CPUs, and a build for other vectors is another build."""
     digest = hashlib.sha256(torch.__version__.encode())
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         digest.update(source.read_bytes())
     digest.update(_cpu_flags().encode())
+    digest.update(" ".join(compile_flags()).encode())
     return f"radixrt_cpu_{digest.hexdigest()[:12]}"
 
 
@@ -123,7 +146,7 @@ def load() -> ModuleType | None:
         return load_extension(
             name=name,
             sources=[str(s) for s in SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", *_vector_flags(_cpu_flags())],
+            extra_cflags=compile_flags(),
             extra_ldflags=["-fopenmp"],
         )
     except Exception as exc:
@@ -134,7 +157,7 @@ def load() -> ModuleType | None:
 
 
 def _announce_first_build(name: str) -> None:
-    """The first build takes about 50 s: say so, and where it is cached, rather than sit silent."""
+    """The first build takes about a minute: say so, and where it is cached, rather than sit silent."""
     try:
         from torch.utils.cpp_extension import _get_build_directory
 
@@ -142,7 +165,7 @@ def _announce_first_build(name: str) -> None:
     except Exception:  # a private torch helper: without it, just build
         return
     if not (folder / f"{name}.so").exists():
-        print(f"radixrt: compiling the C++ CPU kernels once (about 50 s), cached in {folder}", file=sys.stderr,
+        print(f"radixrt: compiling the C++ CPU kernels once (about a minute), cached in {folder}", file=sys.stderr,
               flush=True)
 
 
@@ -160,18 +183,26 @@ def paged_decode(
     sm_scale: float,
     sliding_window: int = 0,
     chunks: CascadeChunks | None = None,
+    portable: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention of ``q`` ``[B, heads, D]`` over paged K/V read in place: (out, log-sum-exp fp32).
 
     ``page_table`` ``[B, W]`` and ``seq_lens`` ``[B]`` (each >= 1) are int32; q and the caches share a dtype.
     With ``chunks`` (no sliding window), each request first attends to its chunk's shared pages, read once for
-    the whole chunk, and ``page_table``/``seq_lens`` describe its keys after them.
+    the whole chunk, and ``page_table``/``seq_lens`` describe its keys after them. bf16 runs on AVX512-BF16 dot
+    products where :func:`bf16_dot_built` (head_dim 32, 64 or 128); ``portable`` forces the fp32 path instead.
     """
     cascade = (None,) * 5 if chunks is None else (chunks.rows, chunks.offsets, chunks.groups, chunks.shared_table,
                                                   chunks.shared_pages)
     out, lse = _call("radixrt::paged_decode", _module().paged_decode, q, k_cache, v_cache, page_table, seq_lens,
-                     float(sm_scale), int(sliding_window), *cascade)
+                     float(sm_scale), int(sliding_window), *cascade, bool(portable))
     return out, lse
+
+
+def bf16_dot_built() -> bool:
+    """Whether :func:`paged_decode` multiplies bf16 with AVX512-BF16 dot products here."""
+    module = load()
+    return module is not None and module.bf16_dot_built()
 
 
 @dataclass(frozen=True)
@@ -201,6 +232,15 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
                      sin_cache: torch.Tensor) -> None:
     """Neox-style (rotate-half) RoPE of ``q`` ``[T, H, D]`` and ``k`` ``[T, KH, D]`` in place."""
     _call("radixrt::rotary_embedding", _module().rotary_embedding, positions, q, k, cos_cache, sin_cache)
+
+
+def rope_and_store(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cos_cache: torch.Tensor, sin_cache: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor) -> None:
+    """:func:`rotary_embedding` of ``q`` (in place) and ``k``, the rotated ``k`` and ``v`` ``[T, KH, D]`` written
+    into the flat ``slots`` (int64; < 0: not stored) of the paged caches; ``k`` itself stays unrotated."""
+    _call("radixrt::rope_and_store", _module().rope_and_store, positions, q, k, v, cos_cache, sin_cache, slots,
+          k_cache, v_cache)
 
 
 def linear_panels_usable() -> bool:

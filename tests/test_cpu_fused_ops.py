@@ -1,19 +1,24 @@
-"""The fused C++ element-wise ops (RMSNorm with residual add, SiLU-and-mul, rotary) against the torch path."""
+"""The fused C++ element-wise ops (RMSNorm with residual add, SiLU-and-mul, rotary, rotary with the K/V store)
+against the torch path and their torch twins (kernels/torch_fused), which round where transformers rounds.
+
+Sizes mix whole vectors (16 lanes with AVX-512, 8 with AVX2) with scalar tails, so both run in every dtype.
+"""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from radixrt.kernels import cpu_kernels
+from radixrt.kernels import cpu_kernels, torch_fused
 from radixrt.model import layers
 from radixrt.model.layers import RMSNorm, RotaryEmbedding, silu_and_mul
 
 # Skipped only where the kernels are off by design; a failed build with a compiler present errors.
 pytestmark = pytest.mark.usefixtures("cpu_kernel_module")
 
-# fp32 differs from the torch ops only in summation order and FMA contraction; bf16/fp16 round identically
-# except where the two exp implementations differ in the last bit.
-TOLERANCE = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (0, 8e-3), torch.float16: (0, 1e-3)}
+# fp32 differs from the torch ops only in summation order and FMA contraction; bf16/fp16 round at the same points,
+# so they differ by at most one ulp (2^-7 / 2^-10 relative), where the two exp implementations or the two orders
+# of summing squares differ in fp32's last bit.
+TOLERANCE = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (0, 8e-3), torch.float16: (0, 2e-3)}
 
 
 @pytest.fixture
@@ -35,7 +40,7 @@ def norm_of(dtype, hidden=96):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("hidden", [96, 37])  # 37: a scalar tail after whole vectors
+@pytest.mark.parametrize("hidden", [96, 37, 576])  # 37: a scalar tail after whole vectors; 576: the default model's
 def test_rms_norm_matches_torch(dtype, hidden, torch_path):
     norm = norm_of(dtype, hidden)
     x = (torch.randn(13, hidden) * 3).to(dtype)
@@ -43,8 +48,8 @@ def test_rms_norm_matches_torch(dtype, hidden, torch_path):
     torch.testing.assert_close(norm(x), torch_path(norm, x), atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("hidden", [96, 37])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hidden", [96, 37, 576])
 def test_add_rms_norm_updates_the_residual_in_place(dtype, hidden, torch_path):
     norm = norm_of(dtype, hidden)
     x, residual = torch.randn(7, hidden).to(dtype), torch.randn(7, hidden).to(dtype)
@@ -67,23 +72,43 @@ def test_rms_norm_of_strided_rows(torch_path):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_silu_and_mul_matches_torch(dtype):
-    gate_up = (torch.randn(11, 2 * 37) * 4).to(dtype)  # 37: a vector tail after whole 8-wide vectors
+@pytest.mark.parametrize("inter", [37, 1536])  # 37: a scalar tail after whole vectors
+def test_silu_and_mul_matches_torch(dtype, inter):
+    gate_up = (torch.randn(11, 2 * inter) * 4).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(silu_and_mul(gate_up), F.silu(gate) * up, atol=max(atol, 1e-6), rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_ops_round_where_the_reference_rounds(dtype):
+    """Against the torch twins bit for bit but for exp's last bit: an op that skipped a rounding step (kept
+    an fp32 intermediate) would differ in about a third of the elements, one that rounded twice likewise."""
+    gen = torch.Generator().manual_seed(4)
+    x, residual = (torch.randn(64, 576, generator=gen) * 3).to(dtype), torch.randn(64, 576, generator=gen).to(dtype)
+    weight = (torch.randn(576, generator=gen) + 1).to(dtype)
+    expected_residual = residual.clone()
+    expected = torch_fused.rms_norm(x, weight, 1e-5, expected_residual)
+    got = cpu_kernels.rms_norm(x, weight, 1e-5, residual)
+    assert torch.equal(residual, expected_residual)
+    assert (got != expected).float().mean() < 0.01
+    gate_up = (torch.randn(64, 2 * 1536, generator=gen) * 4).to(dtype)
+    assert (cpu_kernels.silu_and_mul(gate_up) != torch_fused.silu_and_mul(gate_up)).float().mean() < 0.01
 
 
 class _Config:
     rope_theta = 10000.0
 
 
+# 16: halves of 8 (a tail with AVX-512), 48: a vector and a tail, 64: whole vectors (the default model's)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rotary_in_place_on_views_of_the_qkv_projection(dtype, torch_path):
-    rotary = RotaryEmbedding(_Config(), head_dim=16, max_positions=256).to(dtype)
-    qkv = torch.randn(9, 6 * 16 + 2 * 2 * 16).to(dtype)
-    q, k, _ = qkv.split([6 * 16, 2 * 16, 2 * 16], dim=-1)
-    q, k = q.view(9, 6, 16), k.view(9, 2, 16)
+@pytest.mark.parametrize("head_dim", [16, 48, 64])
+def test_rotary_in_place_on_views_of_the_qkv_projection(dtype, head_dim, torch_path):
+    d = head_dim
+    rotary = RotaryEmbedding(_Config(), head_dim=d, max_positions=256).to(dtype)
+    qkv = torch.randn(9, 6 * d + 2 * 2 * d).to(dtype)
+    q, k, _ = qkv.split([6 * d, 2 * d, 2 * d], dim=-1)
+    q, k = q.view(9, 6, d), k.view(9, 2, d)
     positions = torch.tensor([0, 1, 2, 200, 255, 7, 7, 31, 64])
     expected_q, expected_k = torch_path(rotary, positions, q.clone(), k.clone())
     out_q, out_k = rotary(positions, q, k)
@@ -91,6 +116,44 @@ def test_rotary_in_place_on_views_of_the_qkv_projection(dtype, torch_path):
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(out_q, expected_q, atol=max(atol, 1e-6), rtol=rtol)
     torch.testing.assert_close(out_k, expected_k, atol=max(atol, 1e-6), rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_rope_and_store_matches_its_torch_twin(dtype, head_dim):
+    """q rotated in place, k rotated into its slots with v beside it, k itself untouched, negative slots skipped;
+    bf16/fp16 bit for bit (the same rounding points, no exp)."""
+    d, page_size = head_dim, 4
+    rotary = RotaryEmbedding(_Config(), head_dim=d, max_positions=128).to(dtype)
+    gen = torch.Generator().manual_seed(d)
+    qkv = torch.randn(7, 6 * d + 2 * 2 * d, generator=gen).to(dtype)
+    q, k, v = (t.view(7, -1, d) for t in qkv.split([6 * d, 2 * d, 2 * d], dim=-1))
+    positions = torch.tensor([0, 5, 9, 100, 127, 3, 3])
+    slots = torch.tensor([3, 17, -1, 8, 0, 22, 11])
+    caches = [torch.randn(6, page_size, 2, d, generator=gen).to(dtype) for _ in range(2)]
+    expected_caches = [c.clone() for c in caches]
+    expected_q = torch_fused.rope_and_store(positions, q.clone(), k, v, rotary.cos_cache, rotary.sin_cache, slots,
+                                            *expected_caches)
+    k_before = k.clone()
+    out = cpu_kernels.rope_and_store(positions, q, k, v, *rotary.fp32_caches(), slots, *caches)
+    assert out is None and torch.equal(k, k_before)
+    exact = dtype != torch.float32
+    for got, want in [(q, expected_q), *zip(caches, expected_caches)]:
+        if exact:
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_rope_and_store_refuses_slots_outside_the_caches():
+    q, k, v = torch.randn(2, 3, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16)
+    cos = sin = torch.randn(8, 16)
+    caches = [torch.zeros(2, 4, 1, 16) for _ in range(2)]
+    with pytest.raises(RuntimeError, match="slots"):
+        cpu_kernels.rope_and_store(torch.tensor([0, 1]), q, k, v, cos, sin, torch.tensor([0, 8]), *caches)
+    with pytest.raises(RuntimeError, match="dtype"):
+        cpu_kernels.rope_and_store(torch.tensor([0, 1]), q, k, v, cos, sin, torch.tensor([0, 1]),
+                                   *(c.bfloat16() for c in caches))
 
 
 def test_rotary_of_non_contiguous_heads_takes_the_torch_path(torch_path):
@@ -119,3 +182,27 @@ def test_bad_inputs_raise():
         cpu_kernels.rotary_embedding(torch.tensor([-1, 0]), q, k, cos, sin)
     with pytest.raises(RuntimeError, match="fp32"):
         cpu_kernels.rotary_embedding(torch.tensor([0, 1]), q, k, cos.double(), sin.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_backend_rope_and_store_equals_the_default_hook(dtype):
+    """The CPU backend's one-kernel rope_and_store leaves q and the pages as rotary-then-store_kv does."""
+    from radixrt.memory.page_pool import KVLayout, PagePool
+    from radixrt.model.attention import AttentionBackend
+    from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+    from radixrt.model.torch_attention import TorchAttention
+
+    d, page_size = 64, 4
+    rotary = RotaryEmbedding(_Config(), head_dim=d, max_positions=64).to(dtype)
+    batch = ForwardBatch.build([SeqChunk([1, 2, 3, 4, 5], 0, [2, 5]), SeqChunk([6, 7], 9, [1, 3, 4])], page_size)
+    qkv = torch.randn(batch.positions.numel(), 9 * d + 2 * 3 * d).to(dtype)
+    results = []
+    for fused in (True, False):
+        backend = TorchAttention(PagePool(KVLayout(2, 3, d, page_size, dtype), num_pages=8))
+        q, k, v = (t.view(-1, n, d) for t, n in zip(qkv.clone().split([9 * d, 3 * d, 3 * d], dim=-1), (9, 3, 3)))
+        hook = backend.rope_and_store if fused else lambda *args: AttentionBackend.rope_and_store(backend, *args)
+        q = hook(1, rotary, batch.positions, q, k, v, batch)
+        results.append((q, backend.pool.k_caches[1], backend.pool.v_caches[1], backend.pool.k_caches[0]))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert results[0][1].abs().sum() > 0 and results[0][3].abs().sum() == 0  # layer 1's pages written, not 0's

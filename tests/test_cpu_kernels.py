@@ -1,5 +1,7 @@
 """The C++ paged decode kernel must match the torch reference, and the runtime must work without it."""
 
+import os
+
 import pytest
 import torch
 
@@ -68,6 +70,35 @@ def test_half_precision_caches(dtype, head_dim):
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
+# bf16 outputs carry 2^-9 relative rounding, and the bf16 dot rounds each value's weight (<= 1) to bf16 as well
+BF16_OUT = dict(atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("portable", [False, True])  # the bf16 dot where built (else portable twice), portable
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 48])  # 48: never the bf16 dot (not a multiple of 32)
+@pytest.mark.parametrize("page_size,window", [(16, 0), (4, 9), (1, 0)])
+def test_bf16_paths_match_the_fp32_reference(portable, head_dim, page_size, window):
+    """bf16 pages read by the kernel's two paths, against fp32 attention over the same bf16 values; lengths
+    cover whole and partial blocks of keys (a block is a vector's width of them)."""
+    q, k, v, table, lens = paged_case(6, 70, page_size, 6, 2, torch.bfloat16, seed=head_dim + page_size,
+                                      head_dim=head_dim)
+    lens[1:4] = torch.tensor([1, 16, 17], dtype=torch.int32)
+    scale = head_dim**-0.5
+    out, lse = cpu_kernels.paged_decode(q, k, v, table, lens, scale, window, portable=portable)
+    ref = torch_ref.decode_attention(q.float(), k.float(), v.float(), table, lens, scale, window)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, **BF16_OUT)
+    torch.testing.assert_close(lse, reference_lse(q, k, v, table, lens, scale, window), atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_dot_is_built_where_the_cpu_has_it(monkeypatch):
+    """AVX512-BF16 CPUs get the vdpbf16ps path, unless the build was narrowed (RADIXRT_CPU_VECTORS)."""
+    flags = cpu_kernels.cpu_flags()
+    wide = set(cpu_kernels.AVX512) <= flags and "avx512_bf16" in flags
+    narrowed = os.environ.get(cpu_kernels.VECTORS_ENV, "avx512") not in ("", "avx512")
+    assert cpu_kernels.bf16_dot_built() == (wide and not narrowed)
+
+
 def test_bad_inputs_raise_instead_of_reading_out_of_bounds():
     q, k, v, table, lens = paged_case(3, 20, 4, 6, 2, torch.float32)
     with pytest.raises(RuntimeError, match="seq_lens"):
@@ -103,7 +134,7 @@ def test_cascade_same_with_and_without_the_kernel(monkeypatch):
 
 
 def group_case(members: int, shared_pages: int, page_size: int = 4, heads: int = 6, kv_heads: int = 2,
-               dtype=torch.float32):
+               dtype=torch.float32, head_dim: int = 16):
     """``members`` requests that begin with the same ``shared_pages`` pages, plus one loner (the last row)."""
     gen = torch.Generator().manual_seed(members + shared_pages)
     own_pages = 3
@@ -116,9 +147,9 @@ def group_case(members: int, shared_pages: int, page_size: int = 4, heads: int =
     table = torch.tensor(rows, dtype=torch.int32)
     lens = torch.randint(shared_pages * page_size + 1, (shared_pages + own_pages) * page_size + 1,
                          (members + 1,), generator=gen).int()
-    k = torch.randn(num_pages, page_size, kv_heads, 16, generator=gen).to(dtype)
-    v = torch.randn(num_pages, page_size, kv_heads, 16, generator=gen).to(dtype)
-    q = torch.randn(members + 1, heads, 16, generator=gen).to(dtype)
+    k = torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+    q = torch.randn(members + 1, heads, head_dim, generator=gen).to(dtype)
     return q, k, v, table, lens, shared
 
 
@@ -145,8 +176,9 @@ def test_cascade_in_the_kernel_matches_plain_decode_for_any_chunking(size, page_
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_cascade_in_the_kernel_half_precision(dtype):
-    q, k, v, table, lens, shared = group_case(6, 3, dtype=dtype)
+@pytest.mark.parametrize("head_dim", [16, 64])  # 64: bf16 takes the bf16 dot where it is built
+def test_cascade_in_the_kernel_half_precision(dtype, head_dim):
+    q, k, v, table, lens, shared = group_case(6, 3, dtype=dtype, head_dim=head_dim)
     plan = torch_cascade.plan_decode(table, lens, 4)
     assert plan.groups
     out = torch_cascade.cascade_decode_attention(q, k, v, plan, 0.25)
@@ -195,7 +227,8 @@ def test_bad_cascade_tables_raise():
     with pytest.raises(RuntimeError, match="int32"):
         call(good, rows=good.rows.long())
     with pytest.raises(RuntimeError, match="needs all"):
-        cpu_kernels._module().paged_decode(q, k, v, table, own_lens, 0.25, 0, good.rows, None, None, None, None)
+        cpu_kernels._module().paged_decode(q, k, v, table, own_lens, 0.25, 0, good.rows, None, None, None, None,
+                                          False)
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])  # mistral: sliding window 5

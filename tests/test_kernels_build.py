@@ -115,3 +115,60 @@ def test_the_first_build_is_announced_with_its_cache_folder(tmp_path, monkeypatc
     (tmp_path / "radixrt_cpu_probe" / "radixrt_cpu_probe.so").write_bytes(b"")
     cpu_kernels._announce_first_build("radixrt_cpu_probe")  # cached: silent
     assert capsys.readouterr().err == ""
+
+
+ZEN4 = "fpu sse2 avx avx2 fma f16c avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni"
+SKYLAKE_X = "fpu sse2 avx avx2 fma f16c avx512f avx512dq avx512cd avx512bw avx512vl"
+HASWELL = "fpu sse2 avx avx2 fma f16c"
+
+
+def test_vector_flags_take_the_widest_vectors_the_cpu_has():
+    avx512 = ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
+              "-mavx512dq"]
+    assert cpu_kernels.vector_flags(ZEN4) == avx512 + ["-mavx512bf16"]
+    assert cpu_kernels.vector_flags(SKYLAKE_X) == avx512
+    assert cpu_kernels.vector_flags(HASWELL) == ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma"]
+    assert cpu_kernels.vector_flags("fpu sse2") == ["-DCPU_CAPABILITY=DEFAULT"]
+    assert cpu_kernels.vector_flags("fpu sse2 avx512f avx512bw")[0] == "-DCPU_CAPABILITY=DEFAULT"  # no AVX2, VL, DQ
+
+
+def test_a_narrower_build_switches_off_what_march_native_enabled():
+    assert cpu_kernels.vector_flags(ZEN4, "avx2")[:2] == ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    assert "-mno-avx512f" in cpu_kernels.vector_flags(ZEN4, "avx2")
+    assert "-mno-avx512f" not in cpu_kernels.vector_flags(HASWELL, "avx2")
+    assert {"-mno-avx512f", "-mno-avx2"} <= set(cpu_kernels.vector_flags(ZEN4, "default"))
+    with pytest.raises(ValueError, match=cpu_kernels.VECTORS_ENV):
+        cpu_kernels.vector_flags(ZEN4, "sse9")
+
+
+def test_the_build_name_changes_with_the_compiler_flags(monkeypatch):
+    monkeypatch.delenv(cpu_kernels.VECTORS_ENV, raising=False)
+    widest = cpu_kernels._build_name()
+    monkeypatch.setenv(cpu_kernels.VECTORS_ENV, "default")
+    assert cpu_kernels._build_name() != widest
+    assert cpu_kernels.compile_flags()[:3] == ["-O3", "-march=native", "-fopenmp"]
+
+
+def narrower_vectors() -> str | None:
+    """The next narrower build than this CPU's own: avx2 on an AVX-512 CPU, default on an AVX2 one."""
+    flags = cpu_kernels.cpu_flags()
+    if set(cpu_kernels.AVX512) <= flags:
+        return "avx2"
+    return "default" if {"avx2", "fma"} <= flags else None
+
+
+@pytest.mark.slow
+@needs_toolchain
+@pytest.mark.skipif(narrower_vectors() is None, reason="this CPU builds only ATen's portable vectors")
+def test_the_narrower_build_passes_the_kernel_tests_too():
+    """The code for narrower vectors (AVX2 on an AVX-512 CPU, the portable one on an AVX2 CPU) is built and
+    tested here as well, so a change cannot break the CPUs this machine is not: a build in the usual cache
+    (about a minute the first time), then the kernel tests in a child pytest."""
+    env = {**os.environ, cpu_kernels.VECTORS_ENV: narrower_vectors()}
+    env.pop("RADIXRT_DISABLE_CPU_KERNELS", None)
+    tests = Path(__file__).parent
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(tests / "test_cpu_kernels.py"), str(tests / "test_cpu_fused_ops.py")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout

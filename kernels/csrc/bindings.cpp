@@ -9,20 +9,25 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, 
                                         c10::optional<torch::Tensor> chunk_offsets,
                                         c10::optional<torch::Tensor> chunk_group,
                                         c10::optional<torch::Tensor> shared_table,
-                                        c10::optional<torch::Tensor> shared_pages);
+                                        c10::optional<torch::Tensor> shared_pages, bool portable);
+bool bf16_dot_built();
 at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps);
 at::Tensor silu_and_mul(at::Tensor gate_up);
 void rotary_embedding(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tensor cos_cache, at::Tensor sin_cache);
+void rope_and_store(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor cos_cache,
+                    at::Tensor sin_cache, at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache);
 at::Tensor pack_linear_panels(at::Tensor weight);
 at::Tensor linear_panels(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias);
 bool linear_panels_built();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention reading K/V pages in place, a shared prefix once per chunk (CPU)");
+  m.def("bf16_dot_built", &bf16_dot_built, "whether paged_decode multiplies bf16 with vdpbf16ps in this build");
   m.def("rms_norm", &rms_norm, "RMSNorm, optionally adding x into the residual first (in place)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a merged gate/up projection");
   m.def("pack_linear_panels", &pack_linear_panels, "an fp32 weight [out, in] as panels of 16 outputs [P, in, 16]");
   m.def("linear_panels", &linear_panels, "x W^T (+ b) with W packed by pack_linear_panels (AVX2/FMA fp32)");
   m.def("linear_panels_built", &linear_panels_built, "whether this build has the AVX2/FMA panel kernel");
   m.def("rotary_embedding", &rotary_embedding, "neox-style rotary embedding of q and k, in place");
+  m.def("rope_and_store", &rope_and_store, "rotary embedding of q (in place) and k, k and v stored into cache slots");
 }

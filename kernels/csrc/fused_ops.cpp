@@ -3,145 +3,128 @@
 // traffic than in arithmetic.
 //
 // Rounding follows the transformers reference step by step: where it rounds an intermediate to the model's
-// dtype (bf16/fp16), so does this code (`round_to`); the arithmetic itself is fp32.
+// dtype (bf16/fp16), so does this code (`round_to<T>`); the arithmetic itself is fp32, a vector at a time.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/vec.h>
 
 #include <cmath>
-#include <type_traits>
+#include <cstring>
 #include <vector>
+
+#include "dtype_vec.h"
 
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-
-template <typename T>
-inline float round_to(float x) {
-  return static_cast<float>(static_cast<T>(x));
-}
+using radixrt::hsum;
+using radixrt::kLanes;
+using radixrt::Vec;
+using radixrt::load_floats;
+using radixrt::round_to;
+using radixrt::store_floats;
 
 // rows of `hidden` elements per parallel task: enough work to pay for waking a thread
 inline int64_t grain_for(int64_t hidden) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(hidden, 1)); }
 
-// fp32 needs no intermediate rounding, so the row is read, summed and scaled a vector at a time.
-void rms_norm_fp32(const float* x, float* residual, const float* weight, float* out, int64_t rows, int64_t hidden,
-                   int64_t x_stride, int64_t out_stride, float eps) {
-  const int64_t whole = hidden - hidden % Vec::size();
-  at::parallel_for(0, rows, grain_for(hidden), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = x + r * x_stride;
-      float* res = residual == nullptr ? nullptr : residual + r * hidden;
-      const float* h = res == nullptr ? xr : res;  // the normalized row: x, or residual after residual += x
-      Vec sums(0.f);
-      float sum = 0.f;
-      int64_t i = 0;
-      for (; i < whole; i += Vec::size()) {
-        Vec v = Vec::loadu(xr + i);
-        if (res != nullptr) {
-          v = v + Vec::loadu(res + i);
-          v.store(res + i);
-        }
-        sums = at::vec::fmadd(v, v, sums);
-      }
-      for (; i < hidden; ++i) {
-        float v = xr[i];
-        if (res != nullptr) v = res[i] = v + res[i];
-        sum += v * v;
-      }
-      sum += at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sums);
-      const float inv = 1.f / std::sqrt(sum / static_cast<float>(hidden) + eps);
-      const Vec vinv(inv);
-      float* o = out + r * out_stride;
-      for (i = 0; i < whole; i += Vec::size()) (Vec::loadu(weight + i) * (Vec::loadu(h + i) * vinv)).store(o + i);
-      for (; i < hidden; ++i) o[i] = weight[i] * (h[i] * inv);
+
+// One row: residual = round(x + residual) if there is one, then out = round(weight * round(h * inv)) of that
+// row h, as transformers' LlamaRMSNorm in T (for fp32 every round is a no-op).
+template <typename T>
+void rms_norm_row(const T* x, T* res, const T* weight, T* o, int64_t hidden, float eps) {
+  const int64_t whole = hidden - hidden % kLanes;
+  Vec sums(0.f);
+  float sum = 0.f;
+  int64_t i = 0;
+  for (; i < whole; i += kLanes) {
+    Vec v = load_floats(x + i);
+    if (res != nullptr) {
+      v = round_to<T>(v + load_floats(res + i));
+      store_floats(res + i, v);
     }
-  });
+    sums = at::vec::fmadd(v, v, sums);
+  }
+  for (; i < hidden; ++i) {
+    float v = static_cast<float>(x[i]);
+    if (res != nullptr) {
+      v = round_to<T>(v + static_cast<float>(res[i]));
+      res[i] = static_cast<T>(v);
+    }
+    sum += v * v;
+  }
+  sum += hsum(sums);
+  const float inv = 1.f / std::sqrt(sum / static_cast<float>(hidden) + eps);
+  const T* h = res == nullptr ? x : res;
+  const Vec vinv(inv);
+  for (i = 0; i < whole; i += kLanes) store_floats(o + i, load_floats(weight + i) * round_to<T>(load_floats(h + i) * vinv));
+  for (; i < hidden; ++i) {
+    o[i] = static_cast<T>(static_cast<float>(weight[i]) * round_to<T>(static_cast<float>(h[i]) * inv));
+  }
 }
 
 template <typename T>
 void rms_norm_kernel(const T* x, T* residual, const T* weight, T* out, int64_t rows, int64_t hidden,
                      int64_t x_stride, int64_t out_stride, float eps) {
-  if constexpr (std::is_same_v<T, float>) {
-    rms_norm_fp32(x, residual, weight, out, rows, hidden, x_stride, out_stride, eps);
-    return;
-  }
   at::parallel_for(0, rows, grain_for(hidden), [&](int64_t begin, int64_t end) {
-    std::vector<float> h(hidden);
     for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * x_stride;
-      T* res = residual == nullptr ? nullptr : residual + r * hidden;
-      float sum = 0.f;
-      for (int64_t i = 0; i < hidden; ++i) {
-        float v = static_cast<float>(xr[i]);
-        if (res != nullptr) {  // residual = x + residual, in the model's dtype
-          v = round_to<T>(v + static_cast<float>(res[i]));
-          res[i] = static_cast<T>(v);
-        }
-        h[i] = v;
-        sum += v * v;
-      }
-      const float inv = 1.f / std::sqrt(sum / static_cast<float>(hidden) + eps);
-      T* o = out + r * out_stride;
-      for (int64_t i = 0; i < hidden; ++i) {
-        o[i] = static_cast<T>(static_cast<float>(weight[i]) * round_to<T>(h[i] * inv));
-      }
+      rms_norm_row(x + r * x_stride, residual == nullptr ? nullptr : residual + r * hidden, weight,
+                   out + r * out_stride, hidden, eps);
     }
   });
 }
 
+// silu as torch computes it, x / (1 + exp(-x)), rounded to T; then times up, rounded again
 template <typename T>
 void silu_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inter) {
   const Vec one(1.f);
-  if constexpr (std::is_same_v<T, float>) {  // no intermediate rounding: straight from the rows to the output
-    at::parallel_for(0, rows, grain_for(2 * inter), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const float* g = gate_up + r * 2 * inter;
-        const float* u = g + inter;
-        float* o = out + r * inter;
-        int64_t i = 0;
-        for (; i + Vec::size() <= inter; i += Vec::size()) {
-          const Vec x = Vec::loadu(g + i);
-          ((x / (one + x.neg().exp())) * Vec::loadu(u + i)).store(o + i);
-        }
-        for (; i < inter; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-      }
-    });
-    return;
-  }
+  const int64_t whole = inter - inter % kLanes;
   at::parallel_for(0, rows, grain_for(2 * inter), [&](int64_t begin, int64_t end) {
-    std::vector<float> gate(inter), up(inter);
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * inter;
       const T* u = g + inter;
-      for (int64_t i = 0; i < inter; ++i) {
-        gate[i] = static_cast<float>(g[i]);
-        up[i] = static_cast<float>(u[i]);
-      }
-      int64_t i = 0;
-      for (; i + Vec::size() <= inter; i += Vec::size()) {  // silu as torch computes it: x / (1 + exp(-x))
-        const Vec x = Vec::loadu(gate.data() + i);
-        (x / (one + x.neg().exp())).store(gate.data() + i);
-      }
-      for (; i < inter; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i]));
       T* o = out + r * inter;
-      for (int64_t j = 0; j < inter; ++j) o[j] = static_cast<T>(round_to<T>(gate[j]) * up[j]);
+      int64_t i = 0;
+      for (; i < whole; i += kLanes) {
+        const Vec x = load_floats(g + i);
+        store_floats(o + i, round_to<T>(x / (one + x.neg().exp())) * load_floats(u + i));
+      }
+      for (; i < inter; ++i) {
+        const float x = static_cast<float>(g[i]);
+        o[i] = static_cast<T>(round_to<T>(x / (1.f + std::exp(-x))) * static_cast<float>(u[i]));
+      }
     }
   });
 }
 
-// Neox-style rotation (rotate_half) of every head of one token, in place; cos/sin rows hold [freqs, freqs].
+// Neox-style rotation (rotate_half) of one head: x1, x2 its halves; cos/sin rows hold [freqs, freqs], already
+// rounded to T. As the reference: out1 = x1*c1 - x2*s1, out2 = x2*c2 + x1*s2, each product rounded to T,
+// then the sum. `src` and `dst` may be the same head (in place).
 template <typename T>
-inline void rotate_heads(T* x, int64_t heads, int64_t head_stride, int64_t half, const float* cos, const float* sin) {
-  for (int64_t h = 0; h < heads; ++h) {
-    T* v = x + h * head_stride;
-    for (int64_t j = 0; j < half; ++j) {
-      const float x1 = static_cast<float>(v[j]), x2 = static_cast<float>(v[j + half]);
-      const float c1 = round_to<T>(cos[j]), s1 = round_to<T>(sin[j]);
-      const float c2 = round_to<T>(cos[j + half]), s2 = round_to<T>(sin[j + half]);
-      v[j] = static_cast<T>(round_to<T>(x1 * c1) + round_to<T>(-x2 * s1));
-      v[j + half] = static_cast<T>(round_to<T>(x2 * c2) + round_to<T>(x1 * s2));
-    }
+inline void rotate_head(const T* src, T* dst, int64_t half, const float* cos, const float* sin) {
+  int64_t j = 0;
+  for (; j + kLanes <= half; j += kLanes) {
+    const Vec x1 = load_floats(src + j), x2 = load_floats(src + j + half);
+    const Vec c1 = Vec::loadu(cos + j), s1 = Vec::loadu(sin + j);
+    const Vec c2 = Vec::loadu(cos + j + half), s2 = Vec::loadu(sin + j + half);
+    store_floats(dst + j, round_to<T>(x1 * c1) - round_to<T>(x2 * s1));
+    store_floats(dst + j + half, round_to<T>(x2 * c2) + round_to<T>(x1 * s2));
+  }
+  for (; j < half; ++j) {
+    const float x1 = static_cast<float>(src[j]), x2 = static_cast<float>(src[j + half]);
+    dst[j] = static_cast<T>(round_to<T>(x1 * cos[j]) - round_to<T>(x2 * sin[j]));
+    dst[j + half] = static_cast<T>(round_to<T>(x2 * cos[j + half]) + round_to<T>(x1 * sin[j + half]));
+  }
+}
+
+// one token's cos/sin rows rounded to T (as the reference casts the tables to the activations' dtype)
+template <typename T>
+inline void rounded_angles(const float* cos, const float* sin, int64_t dim, float* cos_out, float* sin_out) {
+  int64_t j = 0;
+  for (; j + kLanes <= dim; j += kLanes) {
+    round_to<T>(Vec::loadu(cos + j)).store(cos_out + j);
+    round_to<T>(Vec::loadu(sin + j)).store(sin_out + j);
+  }
+  for (; j < dim; ++j) {
+    cos_out[j] = round_to<T>(cos[j]);
+    sin_out[j] = round_to<T>(sin[j]);
   }
 }
 
@@ -188,36 +171,112 @@ at::Tensor silu_and_mul(at::Tensor gate_up) {
   return out;
 }
 
-// Rotates q [T, H, D] and k [T, KH, D] in place (each head's D contiguous, tokens may be strided) at
-// positions [T] (int64) with cos/sin caches [max_positions, D] (fp32).
-void rotary_embedding(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tensor cos_cache, at::Tensor sin_cache) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && q.stride(2) == 1 && k.stride(2) == 1 && q.stride(1) == q.size(2) &&
-                  k.stride(1) == k.size(2),
-              "q and k must be [T, heads, D] with contiguous heads");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type(), "q and k must share a dtype");
+namespace {
+
+// What one rotary call touches. Without slots k is rotated in place; with them the rotated k and a copy of v
+// go to the caches' slot rows instead (slot < 0: not stored), and k is left as it was.
+template <typename T>
+struct RopeArgs {
+  const int64_t* pos;
+  const float *cos, *sin;  // [max_positions, dim]
+  T* q;
+  const T* k;
+  const T* v;
+  int64_t tokens, dim, heads, kv_heads, q_stride, k_stride, v_stride;
+  const int64_t* slots;
+  T *k_cache, *v_cache;  // [slots, kv_heads, dim]
+};
+
+template <typename T>
+void rope_kernel(const RopeArgs<T>& a) {
+  const int64_t dim = a.dim, half = dim / 2, row = a.kv_heads * dim;
+  at::parallel_for(0, a.tokens, grain_for((a.heads + 2 * a.kv_heads) * dim), [&](int64_t begin, int64_t end) {
+    std::vector<float> angles(2 * dim);
+    float *c = angles.data(), *s = angles.data() + dim;
+    for (int64_t t = begin; t < end; ++t) {
+      rounded_angles<T>(a.cos + a.pos[t] * dim, a.sin + a.pos[t] * dim, dim, c, s);
+      T* q = a.q + t * a.q_stride;
+      for (int64_t h = 0; h < a.heads; ++h) rotate_head(q + h * dim, q + h * dim, half, c, s);
+      const T* k = a.k + t * a.k_stride;
+      T* k_out = const_cast<T*>(k);
+      if (a.slots != nullptr) {
+        if (a.slots[t] < 0) continue;
+        k_out = a.k_cache + a.slots[t] * row;
+        std::memcpy(a.v_cache + a.slots[t] * row, a.v + t * a.v_stride, row * sizeof(T));
+      }
+      for (int64_t h = 0; h < a.kv_heads; ++h) rotate_head(k + h * dim, k_out + h * dim, half, c, s);
+    }
+  });
+}
+
+void check_heads(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2), name,
+              " must be [T, heads, D] with contiguous heads");
+}
+
+// positions as int64, each checked to lie inside the tables
+at::Tensor checked_positions(at::Tensor positions, int64_t tokens, const at::Tensor& cos_cache,
+                             const at::Tensor& sin_cache, int64_t dim) {
   TORCH_CHECK(cos_cache.scalar_type() == at::kFloat && sin_cache.scalar_type() == at::kFloat &&
-                  cos_cache.is_contiguous() && sin_cache.is_contiguous() && cos_cache.size(1) == q.size(2) &&
-                  k.size(2) == q.size(2) && q.size(2) % 2 == 0,
+                  cos_cache.is_contiguous() && sin_cache.is_contiguous() && cos_cache.dim() == 2 &&
+                  cos_cache.sizes() == sin_cache.sizes() && cos_cache.size(1) == dim && dim % 2 == 0,
               "cos/sin caches must be contiguous fp32 [max_positions, D]");
   positions = positions.to(at::kLong).contiguous();
-  const int64_t tokens = q.size(0), dim = q.size(2);
-  TORCH_CHECK(positions.numel() == tokens && k.size(0) == tokens, "one position per token");
+  TORCH_CHECK(positions.numel() == tokens, "one position per token");
   const int64_t* pos = positions.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t) {  // a loop, not min()/max(): two reductions and syncs per layer cost more
     TORCH_CHECK(pos[t] >= 0 && pos[t] < cos_cache.size(0), "positions must lie inside the rotary cache");
   }
-  const float* cos = cos_cache.data_ptr<float>();
-  const float* sin = sin_cache.data_ptr<float>();
+  return positions;
+}
+
+}  // namespace
+
+// Rotates q [T, H, D] and k [T, KH, D] in place (each head's D contiguous, tokens may be strided) at
+// positions [T] (int64) with cos/sin caches [max_positions, D] (fp32).
+void rotary_embedding(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tensor cos_cache, at::Tensor sin_cache) {
+  check_heads(q, "q");
+  check_heads(k, "k");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.size(2) == q.size(2) && k.size(0) == q.size(0),
+              "q and k must share a dtype, tokens and head_dim");
+  positions = checked_positions(positions, q.size(0), cos_cache, sin_cache, q.size(2));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary_embedding", [&] {
-    scalar_t* qp = q.data_ptr<scalar_t>();
-    scalar_t* kp = k.data_ptr<scalar_t>();
-    at::parallel_for(0, tokens, grain_for((q.size(1) + k.size(1)) * dim), [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const float* c = cos + pos[t] * dim;
-        const float* s = sin + pos[t] * dim;
-        rotate_heads(qp + t * q.stride(0), q.size(1), dim, dim / 2, c, s);
-        rotate_heads(kp + t * k.stride(0), k.size(1), dim, dim / 2, c, s);
-      }
-    });
+    RopeArgs<scalar_t> args{positions.data_ptr<int64_t>(), cos_cache.data_ptr<float>(), sin_cache.data_ptr<float>(),
+                            q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), nullptr, q.size(0), q.size(2),
+                            q.size(1), k.size(1), q.stride(0), k.stride(0), 0, nullptr, nullptr, nullptr};
+    rope_kernel(args);
+  });
+}
+
+// rotary_embedding of q (in place) and k, with the rotated k and v [T, KH, D] written straight into their slot
+// rows of the paged caches [P, S, KH, D] (slots [T] int64, flat page * S + offset; < 0: not stored); k itself
+// is left unrotated. One pass instead of rotating, then two index_copy_ calls reading k and v again.
+void rope_and_store(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor cos_cache,
+                    at::Tensor sin_cache, at::Tensor slots, at::Tensor k_cache, at::Tensor v_cache) {
+  check_heads(q, "q");
+  check_heads(k, "k");
+  check_heads(v, "v");
+  const int64_t tokens = q.size(0), dim = q.size(2), kv_heads = k.size(1);
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == tokens && k.size(2) == dim, "k and v must be [T, KH, D]");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == kv_heads && k_cache.size(3) == dim,
+              "the caches must be contiguous [P, S, KH, D] matching k");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && v.scalar_type() == q.scalar_type() &&
+                  k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "q, k, v and the caches must share a dtype");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.numel() == tokens,
+              "slots must be int64 [T]");
+  slots = slots.contiguous();
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(slot[t] < num_slots, "slots must lie inside the caches");
+  positions = checked_positions(positions, tokens, cos_cache, sin_cache, dim);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rope_and_store", [&] {
+    RopeArgs<scalar_t> args{positions.data_ptr<int64_t>(), cos_cache.data_ptr<float>(), sin_cache.data_ptr<float>(),
+                            q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), tokens, dim,
+                            q.size(1), kv_heads, q.stride(0), k.stride(0), v.stride(0), slot,
+                            k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>()};
+    rope_kernel(args);
   });
 }

@@ -5,15 +5,18 @@
 // (cascade attention): the pages that all its requests begin with are walked once for all of the chunk's query
 // rows while they sit in cache, then each request walks its own pages; there is nothing to merge, since one
 // online softmax runs over both parts. Without chunks every request is its own chunk.
-// The arithmetic is at::vec fp32 (keys and values converted as they load). A head_dim of 8 or 16 vectors is
-// unrolled at compile time: with AVX2 the scores come four keys at a time (eight FMA chains, one transposing
-// reduction), and at 8 vectors the accumulator row stays in registers while the values stream past. Any other
-// head_dim runs the same code with a run-time width and a scalar tail.
+//
+// A row meets the keys a vector's width at a time (16 keys with AVX-512, 8 with AVX2): one partial-sum vector
+// per key, folded into one vector of scores by a transposing reduction, then one vector exp for the block.
+// Two ways to multiply, chosen per call:
+// - bf16 dot (bf16 caches, head_dim a multiple of 32, a CPU with AVX512-BF16): q stays bf16 and each
+//   `vdpbf16ps` multiplies 32 bf16 pairs into fp32 (products exact, as a bf16 GEMM's); the weights of the
+//   values are rounded to bf16, as torch's bf16 flash attention rounds them, and two value rows at a time are
+//   interleaved into pairs, so the accumulator holds its dims in a fixed permutation, undone at the end;
+// - portable (every dtype and CPU): keys and values widened to fp32 as they load, q pre-scaled in fp32.
 // Layout as in torch_ref.py: caches are [num_pages, page_size, kv_heads, head_dim].
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,125 +24,205 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtype_vec.h"
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+#define RADIXRT_BF16_DOT 1
+#endif
+
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-constexpr int64_t kLanes = Vec::size();
+using radixrt::hmax;
+using radixrt::hsum;
+using radixrt::kLanes;
+using radixrt::load_floats;
+using radixrt::Vec;
 
-template <typename T>
-inline Vec load_float(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return Vec::loadu(p);
-  } else if constexpr (at::is_reduced_floating_point_v<T>) {
-    Vec out;
-    at::vec::load_to_float(p, out);
-    return out;
-  } else {  // double
-    float tmp[kLanes];
-    for (int64_t i = 0; i < kLanes; ++i) tmp[i] = static_cast<float>(p[i]);
-    return Vec::loadu(tmp);
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+
+// Lane t of the result is the sum of the lanes of part[t]: kLanes horizontal sums for the price of about three
+// shuffles and adds a key (pairs, then quads, then 128-bit lanes are folded together).
+inline Vec hsum_each(const Vec* part) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512 quads[4];
+  for (int i = 0; i < 4; ++i) {
+    __m512 pairs[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m512 a = part[4 * i + 2 * h], b = part[4 * i + 2 * h + 1];
+      pairs[h] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    }
+    quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 2, 3, 2)));
   }
+  __m512 octs[2];
+  for (int i = 0; i < 2; ++i) {
+    octs[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(octs[0], octs[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(octs[0], octs[1], _MM_SHUFFLE(3, 1, 3, 1)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m256 quads[2];
+  for (int i = 0; i < 2; ++i) {
+    __m256 pairs[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256 a = part[4 * i + 2 * h], b = part[4 * i + 2 * h + 1];
+      pairs[h] = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    }
+    quads[i] = _mm256_add_ps(_mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(pairs[0], pairs[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  return _mm256_add_ps(_mm256_permute2f128_ps(quads[0], quads[1], 0x20),
+                       _mm256_permute2f128_ps(quads[0], quads[1], 0x31));
+#else
+  float sums[kLanes];
+  for (int64_t t = 0; t < kLanes; ++t) sums[t] = hsum(part[t]);
+  return Vec::loadu(sums);
+#endif
 }
 
-inline float hsum(Vec v) { return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v); }
+// lanes at or past n set to `fill`
+inline Vec keep_first(Vec v, int64_t n, float fill) {
+  if (n >= kLanes) return v;
+  alignas(64) float lanes[kLanes];
+  v.store(lanes);
+  for (int64_t t = n; t < kLanes; ++t) lanes[t] = fill;
+  return Vec::loadu(lanes);
+}
 
 // The online-softmax state of one query row.
 struct RowState {
-  float* acc;  // [head_dim], unnormalised
+  float* acc;  // [head_dim], unnormalised (in the bf16 dot's permuted order on that path)
   float m;     // running max of the scores
   float l;     // running sum of exp(score - m)
 };
 
-// One query row `qg` (pre-scaled fp32) over tokens [lo, hi) of one page of one kv head.
-// kChunks = head_dim / lanes when known at compile time (registers), 0 = `chunks` at run time.
-template <typename T, int kChunks>
-inline void attend_page(const float* qg, RowState& row, const T* k_page, const T* v_page, int64_t lo, int64_t hi,
-                        int64_t token_stride, int64_t head_dim, int64_t run_chunks, float* s) {
-  const int64_t chunks = kChunks > 0 ? kChunks : run_chunks;
-  float top = row.m;
-  int64_t t = lo;
-#if defined(CPU_CAPABILITY_AVX2)
-  if constexpr (kChunks > 0 && kLanes == 8) {
-    // four keys at a time: eight independent FMA chains, then one transposing reduction for the four dots
-    for (; t + 4 <= hi; t += 4) {
-      const T* k = k_page + t * token_stride;
-      Vec a[4] = {Vec(0.f), Vec(0.f), Vec(0.f), Vec(0.f)};
-      Vec b[4] = {Vec(0.f), Vec(0.f), Vec(0.f), Vec(0.f)};
-      for (int64_t c = 0; c < kChunks; c += 2) {
-        const Vec q0 = Vec::loadu(qg + c * kLanes), q1 = Vec::loadu(qg + (c + 1) * kLanes);
-        for (int i = 0; i < 4; ++i) {
-          a[i] = at::vec::fmadd(q0, load_float(k + i * token_stride + c * kLanes), a[i]);
-          b[i] = at::vec::fmadd(q1, load_float(k + i * token_stride + (c + 1) * kLanes), b[i]);
-        }
-      }
-      const __m256 h01 = _mm256_hadd_ps(a[0] + b[0], a[1] + b[1]);
-      const __m256 h23 = _mm256_hadd_ps(a[2] + b[2], a[3] + b[3]);
-      const __m256 h = _mm256_hadd_ps(h01, h23);
-      const __m128 dots = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-      _mm_storeu_ps(s + t, dots);
-      top = std::max(top, std::max(std::max(s[t], s[t + 1]), std::max(s[t + 2], s[t + 3])));
-    }
-  }
-#endif
-  for (; t < hi; ++t) {
-    const T* k = k_page + t * token_stride;
-    Vec a0(0.f), a1(0.f);
-    int64_t c = 0;
-    for (; c + 1 < chunks; c += 2) {
-      a0 = at::vec::fmadd(Vec::loadu(qg + c * kLanes), load_float(k + c * kLanes), a0);
-      a1 = at::vec::fmadd(Vec::loadu(qg + (c + 1) * kLanes), load_float(k + (c + 1) * kLanes), a1);
-    }
-    if (c < chunks) a0 = at::vec::fmadd(Vec::loadu(qg + c * kLanes), load_float(k + c * kLanes), a0);
-    float dot = hsum(a0 + a1);
-    for (int64_t d = chunks * kLanes; d < head_dim; ++d) dot += qg[d] * static_cast<float>(k[d]);
-    s[t] = dot;
-    top = std::max(top, dot);
-  }
-  const float rescale = std::exp(row.m - top);  // 0 on the first page (m = -inf)
-  const Vec vtop(top);
-  t = lo;
-  Vec vsum(0.f);
-  for (; t + kLanes <= hi; t += kLanes) {
-    const Vec p = (Vec::loadu(s + t) - vtop).exp();
-    p.store(s + t);
-    vsum = vsum + p;
-  }
-  float sum = row.l * rescale + hsum(vsum);
-  for (; t < hi; ++t) {
-    s[t] = std::exp(s[t] - top);
-    sum += s[t];
-  }
-  float* a = row.acc;
-  const Vec vrescale(rescale);
-  if constexpr (kChunks == 8) {  // the whole accumulator row in registers, each weight broadcast once
-    Vec r[8];
-    for (int c = 0; c < 8; ++c) r[c] = Vec::loadu(a + c * kLanes) * vrescale;
-    for (int64_t u = lo; u < hi; ++u) {
-      const Vec w(s[u]);
-      const T* v = v_page + u * token_stride;
-      for (int c = 0; c < 8; ++c) r[c] = at::vec::fmadd(w, load_float(v + c * kLanes), r[c]);
-    }
-    for (int c = 0; c < 8; ++c) r[c].store(a + c * kLanes);
-  } else {
-    for (int64_t c = 0; c < chunks; ++c) {
-      Vec r0 = Vec::loadu(a + c * kLanes) * vrescale;
-      Vec r1(0.f);
-      int64_t u = lo;
-      for (; u + 1 < hi; u += 2) {
-        r0 = at::vec::fmadd(Vec(s[u]), load_float(v_page + u * token_stride + c * kLanes), r0);
-        r1 = at::vec::fmadd(Vec(s[u + 1]), load_float(v_page + (u + 1) * token_stride + c * kLanes), r1);
-      }
-      if (u < hi) r0 = at::vec::fmadd(Vec(s[u]), load_float(v_page + u * token_stride + c * kLanes), r0);
-      (r0 + r1).store(a + c * kLanes);
-    }
-  }
-  for (int64_t d = chunks * kLanes; d < head_dim; ++d) {
-    float x = a[d] * rescale;
-    for (int64_t u = lo; u < hi; ++u) x += s[u] * static_cast<float>(v_page[u * token_stride + d]);
-    a[d] = x;
-  }
+// Folds a block's scores into the row's state: returns the rescale of the accumulator and leaves the block's
+// weights exp(s - max) in `p` (lanes past n: 0).
+inline float softmax_step(RowState& row, Vec s, int64_t n, float* p) {
+  s = keep_first(s, n, kNegInf);
+  const float top = std::max(row.m, hmax(s));
+  const float rescale = std::exp(row.m - top);  // 0 on the first block (m = -inf)
+  const Vec w = (s - Vec(top)).exp();
+  w.store(p);
+  row.l = row.l * rescale + hsum(w);
   row.m = top;
-  row.l = sum;
+  return rescale;
+}
+
+// ---- portable: fp32 arithmetic on widened keys and values -------------------------------------------------
+// kChunks = head_dim / lanes when known at compile time (registers), 0 = a run-time width with a scalar tail.
+
+template <typename T, int kChunks>
+inline Vec scores_fp32(const float* qf, const T* k, int64_t token_stride, int64_t n, int64_t head_dim) {
+  const int64_t chunks = kChunks > 0 ? kChunks : head_dim / kLanes;
+  Vec part[kLanes];
+  for (int64_t t = 0; t < kLanes; ++t) {
+    Vec a(0.f);
+    if (t < n) {
+      const T* kt = k + t * token_stride;
+      for (int64_t c = 0; c < chunks; ++c) a = at::vec::fmadd(Vec::loadu(qf + c * kLanes), load_floats(kt + c * kLanes), a);
+    }
+    part[t] = a;
+  }
+  Vec s = hsum_each(part);
+  if (kChunks == 0 && chunks * kLanes < head_dim) {
+    alignas(64) float lanes[kLanes];
+    s.store(lanes);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t d = chunks * kLanes; d < head_dim; ++d) lanes[t] += qf[d] * static_cast<float>(k[t * token_stride + d]);
+    }
+    s = Vec::loadu(lanes);
+  }
+  return s;
+}
+
+template <typename T, int kChunks>
+inline void accumulate_fp32(float* acc, float rescale, const float* p, const T* v, int64_t token_stride, int64_t n,
+                            int64_t head_dim) {
+  const Vec vrescale(rescale);
+  if constexpr (kChunks > 0) {  // the whole accumulator row in registers, each weight broadcast once
+    Vec r[kChunks];
+    for (int c = 0; c < kChunks; ++c) r[c] = Vec::loadu(acc + c * kLanes) * vrescale;
+    for (int64_t t = 0; t < n; ++t) {
+      const Vec w(p[t]);
+      const T* vt = v + t * token_stride;
+      for (int c = 0; c < kChunks; ++c) r[c] = at::vec::fmadd(w, load_floats(vt + c * kLanes), r[c]);
+    }
+    for (int c = 0; c < kChunks; ++c) r[c].store(acc + c * kLanes);
+  } else {
+    const int64_t chunks = head_dim / kLanes;
+    for (int64_t c = 0; c < chunks; ++c) {
+      Vec r = Vec::loadu(acc + c * kLanes) * vrescale;
+      for (int64_t t = 0; t < n; ++t) r = at::vec::fmadd(Vec(p[t]), load_floats(v + t * token_stride + c * kLanes), r);
+      r.store(acc + c * kLanes);
+    }
+    for (int64_t d = chunks * kLanes; d < head_dim; ++d) {
+      float x = acc[d] * rescale;
+      for (int64_t t = 0; t < n; ++t) x += p[t] * static_cast<float>(v[t * token_stride + d]);
+      acc[d] = x;
+    }
+  }
+}
+
+// ---- bf16 dot: vdpbf16ps on bf16 pairs ----------------------------------------------------------------------
+#ifdef RADIXRT_BF16_DOT
+// kPairs = head_dim / 32: the 512-bit vectors of bf16 one row of q, k or v spans.
+
+template <int kPairs>
+inline Vec scores_bf16(const c10::BFloat16* q, const c10::BFloat16* k, int64_t token_stride, int64_t n, float scale) {
+  __m512bh qv[kPairs];
+  for (int c = 0; c < kPairs; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q + 32 * c);
+  Vec part[kLanes];
+  for (int64_t t = 0; t < kLanes; ++t) {
+    __m512 a = _mm512_setzero_ps();
+    if (t < n) {
+      const c10::BFloat16* kt = k + t * token_stride;
+      for (int c = 0; c < kPairs; ++c) a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_loadu_si512(kt + 32 * c));
+    }
+    part[t] = a;
+  }
+  return hsum_each(part) * Vec(scale);
+}
+
+// acc (permuted) = acc * rescale + sum_t p[t] v[t], with p rounded to bf16. Rows t and t+1 are interleaved
+// by 16-bit unpacks, which pair dims {0-3, 8-11, 16-19, 24-27} of each 32 in the low half of a vector and
+// {4-7, 12-15, 20-23, 28-31} in the high half; acc keeps that order (see unpermute).
+template <int kPairs>
+inline void accumulate_bf16(float* acc, float rescale, const float* p, const c10::BFloat16* v, int64_t token_stride,
+                            int64_t n) {
+  alignas(64) uint16_t weights[kLanes];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(weights),
+                     _mm512_cvtepi32_epi16(radixrt::detail::bf16_bits(Vec::loadu(p))));
+  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(weights);
+  const __m512 vrescale = _mm512_set1_ps(rescale);
+  __m512 lo[kPairs], hi[kPairs];
+  for (int c = 0; c < kPairs; ++c) {
+    lo[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 32 * c), vrescale);
+    hi[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 32 * c + 16), vrescale);
+  }
+  for (int64_t t = 0; t < n; t += 2) {
+    const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[t / 2]));
+    const c10::BFloat16* v0 = v + t * token_stride;
+    for (int c = 0; c < kPairs; ++c) {
+      const __m512i a = _mm512_loadu_si512(v0 + 32 * c);
+      const __m512i b = t + 1 < n ? _mm512_loadu_si512(v0 + token_stride + 32 * c) : _mm512_setzero_si512();
+      lo[c] = _mm512_dpbf16_ps(lo[c], (__m512bh)_mm512_unpacklo_epi16(a, b), w);
+      hi[c] = _mm512_dpbf16_ps(hi[c], (__m512bh)_mm512_unpackhi_epi16(a, b), w);
+    }
+  }
+  for (int c = 0; c < kPairs; ++c) {
+    _mm512_storeu_ps(acc + 32 * c, lo[c]);
+    _mm512_storeu_ps(acc + 32 * c + 16, hi[c]);
+  }
+}
+#endif
+
+// where dim d of a row sits in the accumulator on the bf16 dot path
+inline int64_t permuted_dim(int64_t d) {
+  const int64_t base = d - d % 32, i = d % 32, lane = i / 8, within = i % 8;
+  return base + (within < 4 ? 0 : 16) + lane * 4 + within % 4;
 }
 
 template <typename T>
@@ -156,16 +239,38 @@ struct Args {
   int64_t num_chunks, max_chunk, shared_width;
 };
 
-template <typename T, int kChunks>
+// One query row over tokens [lo, hi) of one page of one kv head, a block of kLanes keys at a time.
+// kWidth: head_dim / lanes (portable) or head_dim / 32 (bf16 dot) when known at compile time, else 0.
+template <typename T, int kWidth, bool kBf16Dot>
+inline void attend_page(const float* qf, const T* q, float scale, RowState& row, const T* k_page, const T* v_page,
+                        int64_t lo, int64_t hi, int64_t token_stride, int64_t head_dim) {
+  alignas(64) float p[kLanes];
+  for (int64_t b = lo; b < hi; b += kLanes) {
+    const int64_t n = std::min<int64_t>(kLanes, hi - b);
+    const T* k = k_page + b * token_stride;
+    const T* v = v_page + b * token_stride;
+#ifdef RADIXRT_BF16_DOT
+    if constexpr (kBf16Dot) {
+      const float rescale = softmax_step(row, scores_bf16<kWidth>(q, k, token_stride, n, scale), n, p);
+      accumulate_bf16<kWidth>(row.acc, rescale, p, v, token_stride, n);
+      continue;
+    }
+#endif
+    const float rescale = softmax_step(row, scores_fp32<T, kWidth>(qf, k, token_stride, n, head_dim), n, p);
+    accumulate_fp32<T, kWidth>(row.acc, rescale, p, v, token_stride, n, head_dim);
+  }
+}
+
+template <typename T, int kWidth, bool kBf16Dot>
 void decode_kernel(const Args<T>& a) {
   const int64_t group = a.heads / a.kv_heads, head_dim = a.head_dim, page_size = a.page_size;
-  const int64_t run_chunks = head_dim / kLanes;
   const int64_t token_stride = a.kv_heads * head_dim;
   const int64_t page_stride = page_size * token_stride;
   const int64_t num_chunks = a.rows ? a.num_chunks : a.batch;
   const int64_t max_rows = (a.rows ? a.max_chunk : 1) * group;
   at::parallel_for(0, num_chunks * a.kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(max_rows * head_dim), acc(max_rows * head_dim), scores(page_size + kLanes);
+    std::vector<float> qf(kBf16Dot ? 0 : max_rows * head_dim), acc(max_rows * head_dim);
+    std::vector<const T*> qrow(max_rows);
     std::vector<RowState> state(max_rows);
     std::vector<int64_t> members(a.rows ? a.max_chunk : 1);
     for (int64_t item = begin; item < end; ++item) {
@@ -180,22 +285,25 @@ void decode_kernel(const Args<T>& a) {
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t g = 0; g < group; ++g) {
           const int64_t j = i * group + g;
-          const T* src = a.q + (members[i] * a.heads + kh * group + g) * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) qf[j * head_dim + d] = static_cast<float>(src[d]) * a.scale;
-          state[j] = RowState{acc.data() + j * head_dim, -std::numeric_limits<float>::infinity(), 0.f};
+          qrow[j] = a.q + (members[i] * a.heads + kh * group + g) * head_dim;
+          if constexpr (!kBf16Dot) {
+            for (int64_t d = 0; d < head_dim; ++d) qf[j * head_dim + d] = static_cast<float>(qrow[j][d]) * a.scale;
+          }
+          state[j] = RowState{acc.data() + j * head_dim, kNegInf, 0.f};
         }
       }
       std::fill(acc.begin(), acc.begin() + n * group * head_dim, 0.f);
+      auto walk = [&](int64_t j, const T* k_page, const T* v_page, int64_t lo, int64_t hi) {
+        attend_page<T, kWidth, kBf16Dot>(kBf16Dot ? nullptr : qf.data() + j * head_dim, qrow[j], a.scale, state[j],
+                                         k_page, v_page, lo, hi, token_stride, head_dim);
+      };
       const int64_t shared = a.rows && a.chunk_group[chunk] >= 0 ? a.chunk_group[chunk] : -1;
       if (shared >= 0) {
         for (int64_t p = 0; p < a.shared_pages[shared]; ++p) {
           const int64_t page = a.shared_table[shared * a.shared_width + p];
           const T* k_page = a.k_cache + page * page_stride + kh * head_dim;
           const T* v_page = a.v_cache + page * page_stride + kh * head_dim;
-          for (int64_t j = 0; j < n * group; ++j) {
-            attend_page<T, kChunks>(qf.data() + j * head_dim, state[j], k_page, v_page, 0, page_size, token_stride,
-                                    head_dim, run_chunks, scores.data());
-          }
+          for (int64_t j = 0; j < n * group; ++j) walk(j, k_page, v_page, 0, page_size);
         }
       }
       for (int64_t i = 0; i < n; ++i) {
@@ -206,22 +314,40 @@ void decode_kernel(const Args<T>& a) {
           const int64_t lo = std::max(start, first) - start, hi = std::min(start + page_size, len) - start;
           const T* k_page = a.k_cache + page * page_stride + kh * head_dim;
           const T* v_page = a.v_cache + page * page_stride + kh * head_dim;
-          for (int64_t g = 0; g < group; ++g) {
-            const int64_t j = i * group + g;
-            attend_page<T, kChunks>(qf.data() + j * head_dim, state[j], k_page, v_page, lo, hi, token_stride,
-                                    head_dim, run_chunks, scores.data());
-          }
+          for (int64_t g = 0; g < group; ++g) walk(i * group + g, k_page, v_page, lo, hi);
         }
         for (int64_t g = 0; g < group; ++g) {
           const RowState& row = state[i * group + g];
           const int64_t out_row = b * a.heads + kh * group + g;
           const float inv = 1.f / row.l;
-          for (int64_t d = 0; d < head_dim; ++d) a.out[out_row * head_dim + d] = static_cast<T>(row.acc[d] * inv);
+          for (int64_t d = 0; d < head_dim; ++d) {
+            const float x = row.acc[kBf16Dot ? permuted_dim(d) : d];
+            a.out[out_row * head_dim + d] = static_cast<T>(x * inv);
+          }
           a.lse[out_row] = row.m + std::log(row.l);
         }
       }
     }
   });
+}
+
+// The instantiation for this head_dim and path: the width in registers where it is one of the common ones.
+template <typename T>
+void dispatch(const Args<T>& args, bool bf16_dot) {
+#ifdef RADIXRT_BF16_DOT
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (bf16_dot) {
+      if (args.head_dim == 64) return decode_kernel<T, 2, true>(args);
+      if (args.head_dim == 128) return decode_kernel<T, 4, true>(args);
+      if (args.head_dim == 32) return decode_kernel<T, 1, true>(args);
+    }
+  }
+#endif
+  const int64_t width = args.head_dim % kLanes == 0 ? args.head_dim / kLanes : 0;
+  if (width == 4) return decode_kernel<T, 4, false>(args);
+  if (width == 8) return decode_kernel<T, 8, false>(args);
+  if (width == 16) return decode_kernel<T, 16, false>(args);
+  decode_kernel<T, 0, false>(args);
 }
 
 // The kernel trusts its tables, so they are checked here, in one pass over the entries it will read.
@@ -244,19 +370,29 @@ torch::Tensor int32_contiguous(const torch::Tensor& t, const char* name) {
 
 }  // namespace
 
+// Whether this build multiplies bf16 with vdpbf16ps (the CPU has AVX512-BF16 and the kernels were built for it).
+bool bf16_dot_built() {
+#ifdef RADIXRT_BF16_DOT
+  return true;
+#else
+  return false;
+#endif
+}
+
 // q [B, H, D]; caches [P, S, KH, D] (same dtype as q); page_table [B, W] int32; seq_lens [B] int32 (>= 1).
 // Returns (out [B, H, D], lse [B, H] fp32); window > 0 keeps only the last `window` keys.
 // Cascade (all of chunk_rows .. shared_pages given, window 0): chunk_rows [B] int32 lists every request once,
 // chunk c being chunk_rows[chunk_offsets[c] .. chunk_offsets[c + 1]); chunk_group [C] names the row of
 // shared_table [G, SW] (with shared_pages [G] full pages) its requests all begin with, or -1. Then page_table
 // and seq_lens describe each request's keys after its shared pages.
+// portable: the fp32 path even where the bf16 dot would run (tests compare the two).
 std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                         torch::Tensor page_table, torch::Tensor seq_lens, double scale,
                                         int64_t window, c10::optional<torch::Tensor> chunk_rows,
                                         c10::optional<torch::Tensor> chunk_offsets,
                                         c10::optional<torch::Tensor> chunk_group,
                                         c10::optional<torch::Tensor> shared_table,
-                                        c10::optional<torch::Tensor> shared_pages) {
+                                        c10::optional<torch::Tensor> shared_pages, bool portable) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q must be [B, H, D] and the caches [P, S, KH, D]");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
               "q and the caches must share a dtype");
@@ -321,9 +457,7 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, 
                         given ? groups.data_ptr<int32_t>() : nullptr, given ? shared.data_ptr<int32_t>() : nullptr,
                         given ? shared_count.data_ptr<int32_t>() : nullptr, num_chunks, max_chunk,
                         given ? shared.size(1) : 0};
-    if (head_dim == 8 * kLanes) decode_kernel<scalar_t, 8>(args);
-    else if (head_dim == 16 * kLanes) decode_kernel<scalar_t, 16>(args);
-    else decode_kernel<scalar_t, 0>(args);
+    dispatch(args, !portable);
   });
   return {out, lse};
 }

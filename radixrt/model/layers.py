@@ -92,7 +92,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", (emb.cos() * scaling).to(device), persistent=False)
         self.register_buffer("sin_cache", (emb.sin() * scaling).to(device), persistent=False)
 
-    def _fp32_caches(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def fp32_caches(self) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin as fp32 for the fused op, also after the model was cast to bf16/fp16 (which rounds them
         exactly as the reference does; the op rounds them to the activations' dtype again, a no-op)."""
         if self.cos_cache.dtype == torch.float32:
@@ -107,6 +107,6 @@ class RotaryEmbedding(nn.Module):
         The fused CPU op rotates them in place (they are views into the QKV projection's output).
         """
         if all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k)) and _kernels_for(q):
-            cpu_kernels.rotary_embedding(positions, q, k, *self._fp32_caches())
+            cpu_kernels.rotary_embedding(positions, q, k, *self.fp32_caches())
             return q, k
         return torch_fused.rotary(positions, q, k, self.cos_cache, self.sin_cache)

@@ -1,5 +1,8 @@
 """The torch attention backend: the CPU path, torch with the C++ CPU kernels and the cascade attention.
 
+``rope_and_store`` is one C++ kernel where the kernels are built (:func:`cpu_kernels.rope_and_store`: q rotated
+in place, k rotated straight into its cache slots, v copied beside it), else the model's rotary then
+``store_kv``.
 A decode batch runs the cascade decode (:mod:`radixrt.kernels.torch_cascade`: a prefix shared by a group of
 requests is read once), or with a sliding window the C++ paged decode (:mod:`radixrt.kernels.cpu_kernels`)
 when it is usable, else :mod:`radixrt.kernels.torch_ref`. An extend batch runs the cascade extend, or
@@ -17,11 +20,20 @@ import torch
 from radixrt.kernels import cpu_kernels, torch_cascade, torch_ref
 from radixrt.model.attention import AttentionBackend
 from radixrt.model.forward_batch import ForwardBatch
+from radixrt.model.layers import RotaryEmbedding
 
 
 class TorchAttention(AttentionBackend):
     backend = "torch"
     store_kv = staticmethod(torch_ref.store_kv)
+
+    def rope_and_store(self, layer: int, rotary: RotaryEmbedding, positions: torch.Tensor, q: torch.Tensor,
+                       k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        k_cache, v_cache = self.pool.k_caches[layer], self.pool.v_caches[layer]
+        if _fused_rope_usable(q, k, v, k_cache):
+            cpu_kernels.rope_and_store(positions, q, k, v, *rotary.fp32_caches(), batch.out_slots, k_cache, v_cache)
+            return q
+        return super().rope_and_store(layer, rotary, positions, q, k, v, batch)
 
     @staticmethod
     def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, sm_scale: float,
@@ -52,6 +64,13 @@ class TorchAttention(AttentionBackend):
 
 
 MIN_DECODE_ROWS_TO_SPLIT = 2
+
+
+def _fused_rope_usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """CPU tensors of the caches' dtype, each head's elements contiguous, kernels built."""
+    heads_contiguous = all(t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k, v))
+    same_dtype = q.dtype == k.dtype == v.dtype == k_cache.dtype
+    return heads_contiguous and same_dtype and q.device.type == "cpu" and cpu_kernels.load() is not None
 
 
 @dataclass
