@@ -45,8 +45,13 @@ _DECODE_CONFIGS = [
 ]
 
 
+# Integers that change with the batch (the page table's width, the split buffers' strides) are not specialized
+# on: a new value divisible by 16, or equal to 1, would otherwise compile a new variant on a user's request.
+_VARYING = ["stride_ptb", "stride_mob", "stride_moh", "stride_mos", "stride_mlb", "stride_mlh"]
+
+
 @autotune(configs=_DECODE_CONFIGS, key=["GROUP", "HEAD_DIM", "PAGE_SIZE", "NUM_SPLITS", "DOT_F32"])
-@triton.jit
+@triton.jit(do_not_specialize=_VARYING)
 def _decode_stage1(
     Q, K_CACHE, V_CACHE, PAGE_TABLE, SEQ_LENS, OUT, MID_O, MID_LSE,
     sm_scale_log2, window,
@@ -122,7 +127,7 @@ def _decode_stage1(
         tl.store(MID_LSE + b64 * stride_mlb + heads * stride_mlh + split, m_i + tl.log2(l_i), mask=h_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VARYING[1:])
 def _decode_stage2(
     MID_O, MID_LSE, SEQ_LENS, OUT, window,
     stride_mob, stride_moh, stride_mos,

@@ -24,7 +24,7 @@ _EXTEND_CONFIGS = [
 
 
 @autotune(configs=_EXTEND_CONFIGS, key=["GROUP", "HEAD_DIM", "PAGE_SIZE", "DOT_F32"])
-@triton.jit
+@triton.jit(do_not_specialize=["stride_ptb"])  # the page table's width changes with every batch
 def _extend_kernel(
     Q, K_CACHE, V_CACHE, OUT, PAGE_TABLE, PREFIX_LENS, EXTEND_LENS, Q_STARTS,
     sm_scale_log2, window,

@@ -57,7 +57,7 @@ CUDA_SIZES = Sizes(
     bandwidth_shape=(32, 8, 128),
     bandwidth_cases=[(1, 4096), (8, 4096), (32, 4096), (64, 4096), (64, 8192), (128, 4096), (256, 1024)],
     server_dtype="bfloat16",
-    graph_max_bs=256, graph_pages=4096, graph_context=600, graph_prompts=8,
+    graph_max_bs=256, graph_pages=8192, graph_context=400, graph_prompts=8,
     speed_latency_tokens=256, speed_batch=256, speed_prompt=512, speed_output=128, speed_groups=8,
     speed_per_group=32, speed_prefix=2000, speed_kv_gb=40.0,
 )

@@ -40,6 +40,10 @@ def check_graphs(ctx: Context, part: Part) -> None:
     vocab = runner.config.vocab_size
     free = list(range(1, runner.pool.num_pages))
     rng.shuffle(free)
+    need = graphs.max_bs * -(-(ctx.sizes.graph_context + 1) // page)
+    if need > len(free):
+        raise ValueError(f"graph_pages {ctx.sizes.graph_pages} cannot hold {graphs.max_bs} requests of "
+                         f"{ctx.sizes.graph_context} tokens ({need} pages)")
     checked = []
     for smaller, bucket in zip([0] + graphs.buckets, graphs.buckets):
         for bs in sorted({bucket, smaller + 1}):  # full, and the most padding the bucket ever sees
