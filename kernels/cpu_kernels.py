@@ -11,7 +11,8 @@ on bf16 caches it multiplies with AVX512-BF16 dot products where the CPU has the
 
 The kernels are compiled for the widest vectors the CPU has (:func:`vector_flags`): ATen's AVX-512 vectors
 where it has AVX512F/BW/VL/DQ (and AVX512-BF16 instructions where it has them), else AVX2, else ATen's
-portable ones. ``RADIXRT_CPU_VECTORS=avx2|default`` builds narrower ones, to test those paths on a wider CPU.
+portable ones. ``RADIXRT_CPU_VECTORS=avx512|avx2|default`` builds narrower ones, to test those paths on a wider
+CPU.
 
 Contract of :func:`load`: where the toolchain is present (the C++ compiler torch's extension builder would
 call, ``$CXX`` else ``c++``, and ninja) the kernels must build, and a failed build raises
@@ -39,10 +40,15 @@ import torch
 
 logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "fused_ops.cpp", "linear_panels.cpp")]
+SOURCES = [CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "paged_extend.cpp", "fused_ops.cpp",
+                                    "linear_panels.cpp")]
 HEADERS = [CSRC / "dtype_vec.h"]
 VECTORS_ENV = "RADIXRT_CPU_VECTORS"
 AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # what ATen's AVX-512 vectors need
+LEVELS = ("avx512bf16", "avx512", "avx2", "default")
+# the CPU flags past each level, which -march=native enables and a build at that level switches off again
+ABOVE = {"avx512bf16": (), "avx512": ("avx512_bf16",), "avx2": ("avx512_bf16", "avx512f"),
+         "default": ("avx512_bf16", "avx512f", "avx2")}
 
 
 def enabled() -> bool:
@@ -62,20 +68,35 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(_cpu_flags().partition(":")[2].split())
 
 
+def vector_levels(cpu_flags: str) -> list[str]:
+    """The vector builds this CPU can run, widest first: ``avx512bf16``, ``avx512``, ``avx2``, ``default``."""
+    names = set(cpu_flags.split())
+    levels = ["default"]
+    if {"avx2", "fma"} <= names:
+        levels.insert(0, "avx2")
+        if set(AVX512) <= names:
+            levels.insert(0, "avx512")
+            if "avx512_bf16" in names:
+                levels.insert(0, "avx512bf16")
+    return levels
+
+
 def vector_flags(cpu_flags: str, limit: str | None = None) -> list[str]:
     """The compiler flags that pick ATen's vectors (at::vec) and the instruction sets the kernels may use: the
-    widest the CPU has, or at most ``limit`` (``avx2``, ``default``; :data:`VECTORS_ENV`). They come after
+    widest the CPU has (:func:`vector_levels`), or at most ``limit`` (:data:`VECTORS_ENV`). They come after
     ``-march=native``, so a narrower build also switches off what that enabled."""
-    if limit not in (None, "", "avx512", "avx2", "default"):
-        raise ValueError(f"{VECTORS_ENV}={limit!r}; choose avx512, avx2 or default")
+    if limit not in (None, "", *LEVELS):
+        raise ValueError(f"{VECTORS_ENV}={limit!r}; choose one of {', '.join(LEVELS)}")
+    levels = vector_levels(cpu_flags)
+    level = levels[0] if not limit else next(lv for lv in levels if LEVELS.index(lv) >= LEVELS.index(limit))
     names = set(cpu_flags.split())
-    if set(AVX512) <= names and limit in (None, "", "avx512"):
+    off = [f"-mno-{name.replace('_', '')}" for name in ABOVE[level] if name in names]
+    if level.startswith("avx512"):
         flags = ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", *(f"-m{name}" for name in AVX512)]
-        return flags + (["-mavx512bf16"] if "avx512_bf16" in names else [])
-    narrower = ["-mno-avx512f"] if "avx512f" in names else []  # -march=native would keep AVX-512 code on
-    if {"avx2", "fma"} <= names and limit != "default":
-        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", *narrower]
-    return ["-DCPU_CAPABILITY=DEFAULT", *narrower, *(["-mno-avx2"] if "avx2" in names else [])]
+        return flags + (["-mavx512bf16"] if level == "avx512bf16" else off)
+    if level == "avx2":
+        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", *off]
+    return ["-DCPU_CAPABILITY=DEFAULT", *off]
 
 
 def compile_flags() -> list[str]:
@@ -197,6 +218,24 @@ def paged_decode(
     out, lse = _call("radixrt::paged_decode", _module().paged_decode, q, k_cache, v_cache, page_table, seq_lens,
                      float(sm_scale), int(sliding_window), *cascade, bool(portable))
     return out, lse
+
+
+def paged_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                 prefix_lens: torch.Tensor, extend_lens: torch.Tensor, sm_scale: float,
+                 sliding_window: int = 0) -> torch.Tensor:
+    """Prefill attention of bf16 ``q`` ``[T, heads, D]`` (each request's new tokens back to back, already stored)
+    over bf16 K/V pages read in place, causal, within ``sliding_window`` (0: none); ``D`` 32, 64 or 128."""
+    return _call("radixrt::paged_extend", _module().paged_extend, q, k_cache, v_cache, page_table, prefix_lens,
+                 extend_lens, float(sm_scale), int(sliding_window))
+
+
+def paged_extend_usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the runtime takes :func:`paged_extend` here: bf16 on the CPU, a head_dim it takes, and an AVX-512
+    build (elsewhere its scalar fallback, built for the tests, is slower than torch's attention)."""
+    if q.device.type != "cpu" or q.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16:
+        return False
+    module = load()
+    return module is not None and q.shape[-1] in (32, 64, 128) and module.paged_extend_vectorized()
 
 
 def bf16_dot_built() -> bool:

@@ -93,10 +93,9 @@ def test_bf16_paths_match_the_fp32_reference(portable, head_dim, page_size, wind
 
 def test_bf16_dot_is_built_where_the_cpu_has_it(monkeypatch):
     """AVX512-BF16 CPUs get the vdpbf16ps path, unless the build was narrowed (RADIXRT_CPU_VECTORS)."""
-    flags = cpu_kernels.cpu_flags()
-    wide = set(cpu_kernels.AVX512) <= flags and "avx512_bf16" in flags
-    narrowed = os.environ.get(cpu_kernels.VECTORS_ENV, "avx512") not in ("", "avx512")
-    assert cpu_kernels.bf16_dot_built() == (wide and not narrowed)
+    widest = cpu_kernels.vector_levels(" ".join(cpu_kernels.cpu_flags()))[0] == "avx512bf16"
+    narrowed = os.environ.get(cpu_kernels.VECTORS_ENV, "") not in ("", "avx512bf16")
+    assert cpu_kernels.bf16_dot_built() == (widest and not narrowed)
 
 
 def test_bad_inputs_raise_instead_of_reading_out_of_bounds():

@@ -133,9 +133,13 @@ def test_vector_flags_take_the_widest_vectors_the_cpu_has():
 
 
 def test_a_narrower_build_switches_off_what_march_native_enabled():
+    assert cpu_kernels.vector_levels(ZEN4) == ["avx512bf16", "avx512", "avx2", "default"]
+    assert cpu_kernels.vector_levels(HASWELL) == ["avx2", "default"]
+    assert cpu_kernels.vector_flags(ZEN4, "avx512")[-1] == "-mno-avx512bf16"
     assert cpu_kernels.vector_flags(ZEN4, "avx2")[:2] == ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
     assert "-mno-avx512f" in cpu_kernels.vector_flags(ZEN4, "avx2")
     assert "-mno-avx512f" not in cpu_kernels.vector_flags(HASWELL, "avx2")
+    assert cpu_kernels.vector_flags(HASWELL, "avx512") == cpu_kernels.vector_flags(HASWELL)  # never wider than the CPU
     assert {"-mno-avx512f", "-mno-avx2"} <= set(cpu_kernels.vector_flags(ZEN4, "default"))
     with pytest.raises(ValueError, match=cpu_kernels.VECTORS_ENV):
         cpu_kernels.vector_flags(ZEN4, "sse9")
@@ -150,25 +154,25 @@ def test_the_build_name_changes_with_the_compiler_flags(monkeypatch):
 
 
 def narrower_vectors() -> str | None:
-    """The next narrower build than this CPU's own: avx2 on an AVX-512 CPU, default on an AVX2 one."""
-    flags = cpu_kernels.cpu_flags()
-    if set(cpu_kernels.AVX512) <= flags:
-        return "avx2"
-    return "default" if {"avx2", "fma"} <= flags else None
+    """The next narrower build than this CPU's own (AVX-512 without its bf16 instructions on an AVX512-BF16 CPU,
+    AVX2 on an AVX-512 one, ATen's portable vectors on an AVX2 one): across CPUs every level is tested."""
+    levels = cpu_kernels.vector_levels(" ".join(cpu_kernels.cpu_flags()))
+    return levels[1] if len(levels) > 1 else None
 
 
 @pytest.mark.slow
 @needs_toolchain
 @pytest.mark.skipif(narrower_vectors() is None, reason="this CPU builds only ATen's portable vectors")
 def test_the_narrower_build_passes_the_kernel_tests_too():
-    """The code for narrower vectors (AVX2 on an AVX-512 CPU, the portable one on an AVX2 CPU) is built and
-    tested here as well, so a change cannot break the CPUs this machine is not: a build in the usual cache
-    (about a minute the first time), then the kernel tests in a child pytest."""
+    """The code for the next narrower vectors is built and tested here as well, so a change cannot break the
+    CPUs this machine is not: a build in the usual cache (a minute or two the first time), then the kernel tests
+    in a child pytest."""
     env = {**os.environ, cpu_kernels.VECTORS_ENV: narrower_vectors()}
     env.pop("RADIXRT_DISABLE_CPU_KERNELS", None)
     tests = Path(__file__).parent
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(tests / "test_cpu_kernels.py"), str(tests / "test_cpu_fused_ops.py")],
+                           str(tests / "test_cpu_kernels.py"), str(tests / "test_cpu_fused_ops.py"),
+                           str(tests / "test_cpu_paged_extend.py")],
                           env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout

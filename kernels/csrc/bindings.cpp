@@ -11,6 +11,9 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, 
                                         c10::optional<torch::Tensor> shared_table,
                                         c10::optional<torch::Tensor> shared_pages, bool portable);
 bool bf16_dot_built();
+torch::Tensor paged_extend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor page_table,
+                           torch::Tensor prefix_lens, torch::Tensor extend_lens, double scale, int64_t window);
+bool paged_extend_vectorized();
 at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps);
 at::Tensor silu_and_mul(at::Tensor gate_up);
 void rotary_embedding(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tensor cos_cache, at::Tensor sin_cache);
@@ -23,6 +26,8 @@ bool linear_panels_built();
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention reading K/V pages in place, a shared prefix once per chunk (CPU)");
   m.def("bf16_dot_built", &bf16_dot_built, "whether paged_decode multiplies bf16 with vdpbf16ps in this build");
+  m.def("paged_extend", &paged_extend, "prefill attention over bf16 K/V pages read in place, causal (CPU)");
+  m.def("paged_extend_vectorized", &paged_extend_vectorized, "whether paged_extend runs on AVX-512 vectors here");
   m.def("rms_norm", &rms_norm, "RMSNorm, optionally adding x into the residual first (in place)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a merged gate/up projection");
   m.def("pack_linear_panels", &pack_linear_panels, "an fp32 weight [out, in] as panels of 16 outputs [P, in, 16]");

@@ -145,6 +145,24 @@ inline Vec round_to(Vec v) {
   }
 }
 
+// dst[i] = bf16(even[i]) | bf16(odd[i]) << 16 for the kLanes lanes: pairs of bf16 as one 32-bit word each
+inline void store_bf16_pairs(uint32_t* dst, Vec even, Vec odd) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512i pairs = _mm512_or_si512(detail::bf16_bits(even), _mm512_slli_epi32(detail::bf16_bits(odd), 16));
+  _mm512_storeu_si512(dst, pairs);
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i pairs = _mm256_or_si256(detail::bf16_bits(even), _mm256_slli_epi32(detail::bf16_bits(odd), 16));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), pairs);
+#else
+  float e[kLanes], o[kLanes];
+  even.store(e);
+  odd.store(o);
+  for (int64_t i = 0; i < kLanes; ++i) {
+    dst[i] = static_cast<uint32_t>(c10::BFloat16(e[i]).x) | static_cast<uint32_t>(c10::BFloat16(o[i]).x) << 16;
+  }
+#endif
+}
+
 inline float hsum(Vec v) { return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v); }
 
 inline float hmax(Vec v) {

@@ -5,8 +5,9 @@ in place, k rotated straight into its cache slots, v copied beside it), else the
 ``store_kv``.
 A decode batch runs the cascade decode (:mod:`radixrt.kernels.torch_cascade`: a prefix shared by a group of
 requests is read once), or with a sliding window the C++ paged decode (:mod:`radixrt.kernels.cpu_kernels`)
-when it is usable, else :mod:`radixrt.kernels.torch_ref`. An extend batch runs the cascade extend, or
-``torch_ref`` with a sliding window. A mixed batch with at least ``MIN_DECODE_ROWS_TO_SPLIT`` one-token
+when it is usable, else :mod:`radixrt.kernels.torch_ref`. An extend batch in bf16 runs the C++ paged extend
+where it is vectorized (AVX-512 builds: pages read in place, 2-3x torch's attention over gathered pages),
+else the cascade extend, or ``torch_ref`` with a sliding window. A mixed batch with at least ``MIN_DECODE_ROWS_TO_SPLIT`` one-token
 requests runs those as a decode and the rest as an extend. What the page table implies is the same for every
 layer, so plans are derived once per forward and kept in ``batch.attn_cache``.
 """
@@ -116,6 +117,9 @@ def _decode(q, k_cache, v_cache, page_table, seq_lens, cache: dict, key, sm_scal
 
 def _extend(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, cache: dict, key, sm_scale: float,
             sliding_window: int) -> torch.Tensor:
+    if cpu_kernels.paged_extend_usable(q, k_cache):
+        return cpu_kernels.paged_extend(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, sm_scale,
+                                        sliding_window)
     if sliding_window > 0:
         return torch_ref.extend_attention(q, k_cache, v_cache, page_table, prefix_lens, extend_lens, sm_scale,
                                           sliding_window, cache)

@@ -1,0 +1,347 @@
+// Prefill (extend) attention for the CPU over bf16 K/V pages read in place: each request's new tokens attend
+// causally (and within a sliding window, if any) to all of its keys, the cached prefix and themselves.
+//
+// Work items are (request, kv head, block of new tokens): the block's query rows (tokens x the heads sharing
+// the kv head, at most 48) meet the keys 16 at a time. Scores are computed transposed, a vector per key over
+// the rows: the rows' queries are packed once per item as 32-bit pairs of dims ([D/2][rows]), so one pair of
+// a key's dims, broadcast, times a packed row gives 16 rows' partial sums, and a key's scores are D/2 pair dot
+// products with no horizontal sum. The online softmax then runs across keys lane by lane (a row per lane).
+// Values are packed per block of keys as pairs of keys ([8][D]: rows 2j and 2j+1 interleaved by 16-bit
+// unpacks, which leaves the dims of each 32 in a fixed permutation that the accumulators keep and the output
+// undoes), so one broadcast pair of a row's weights times a packed row gives 16 dims' partial sums.
+// A pair dot product multiplies two bf16 pairs exactly and adds both products in fp32: vdpbf16ps on CPUs with
+// AVX512-BF16, two FMAs on the widened halves on other AVX-512 CPUs, scalar code elsewhere (same arithmetic,
+// for the tests of every CPU; on those CPUs the runtime keeps torch's attention). The softmax is fp32, its
+// weights rounded to bf16 before they meet the values, as torch's bf16 flash attention rounds them.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "dtype_vec.h"
+
+namespace {
+
+using bf16 = c10::BFloat16;
+constexpr int64_t kBlock = 16;  // keys a block holds
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// 16 fp32 lanes: one AVX-512 register, or an array the compiler vectorizes as it can.
+#if defined(CPU_CAPABILITY_AVX512)
+using F16 = __m512;
+inline F16 zeros() { return _mm512_setzero_ps(); }
+inline F16 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline void store16(float* p, F16 v) { _mm512_storeu_ps(p, v); }
+inline F16 scale16(F16 v, float s) { return _mm512_mul_ps(v, _mm512_set1_ps(s)); }
+inline F16 add16(F16 a, F16 b) { return _mm512_add_ps(a, b); }
+// acc + a.even * b.even + a.odd * b.odd per lane, a and b holding bf16 pairs (b broadcast from one pair)
+inline F16 dot2(F16 acc, __m512i a, uint32_t b_pair) {
+  const __m512i b = _mm512_set1_epi32(static_cast<int>(b_pair));
+#if defined(__AVX512BF16__)
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+#else
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, high)), _mm512_castsi512_ps(_mm512_and_si512(b, high)), acc);
+  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), acc);
+#endif
+}
+inline F16 dot2(F16 acc, const uint32_t* a, uint32_t b_pair) { return dot2(acc, _mm512_loadu_si512(a), b_pair); }
+#else
+struct F16 {
+  float v[16];
+};
+inline F16 zeros() { return F16{}; }
+inline F16 load16(const float* p) {
+  F16 r;
+  std::memcpy(r.v, p, sizeof(r.v));
+  return r;
+}
+inline void store16(float* p, F16 x) { std::memcpy(p, x.v, sizeof(x.v)); }
+inline F16 scale16(F16 x, float s) {
+  for (float& e : x.v) e *= s;
+  return x;
+}
+inline F16 add16(F16 a, F16 b) {
+  for (int i = 0; i < 16; ++i) a.v[i] += b.v[i];
+  return a;
+}
+inline float high_half(uint32_t pair) {
+  const uint32_t bits = pair & 0xffff0000u;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline float low_half(uint32_t pair) { return high_half(pair << 16); }
+inline F16 dot2(F16 acc, const uint32_t* a, uint32_t b_pair) {
+  const float b_hi = high_half(b_pair), b_lo = low_half(b_pair);
+  for (int i = 0; i < 16; ++i) acc.v[i] = std::fma(low_half(a[i]), b_lo, std::fma(high_half(a[i]), b_hi, acc.v[i]));
+  return acc;
+}
+#endif
+
+inline uint32_t pair_at(const bf16* p) {
+  uint32_t pair;
+  std::memcpy(&pair, p, 4);
+  return pair;
+}
+
+// where dim d of a row sits in an accumulator row (the unpack order of the packed values)
+inline int64_t permuted_dim(int64_t d) {
+  const int64_t base = d - d % 32, i = d % 32, lane = i / 8, within = i % 8;
+  return base + (within < 4 ? 0 : 16) + lane * 4 + within % 4;
+}
+
+constexpr int64_t kMaxRows = 48;  // query rows a work item holds: three vectors of 16
+
+struct Item {
+  int64_t request, kv_head, first_token, tokens;
+};
+
+struct Args {
+  const bf16 *q, *k_cache, *v_cache;
+  const int32_t* table;
+  const int64_t *prefix, *q_start;  // per request: cached keys, first row of q
+  bf16* out;
+  int64_t q_stride, heads, kv_heads, head_dim, page_size, table_width, window;
+  float scale;
+};
+
+// One work item's buffers: its packed queries and state, and the block of keys being read.
+struct Scratch {
+  std::vector<uint32_t> queries;  // [D/2][rows]: pair i of row r at i * rows + r
+  std::vector<float> pos;         // [rows] each row's position (padding rows see every key)
+  std::vector<float> scores;      // [16 keys][rows]
+  std::vector<uint32_t> weights;  // [8][rows]: bf16 weights of keys 2j and 2j + 1 of row r
+  std::vector<float> m, l, rescale;
+  std::vector<uint32_t> values;   // [8][D]: key pair j, dims in unpack order
+  std::vector<float> acc;         // [rows][D] unnormalised outputs (unpack order)
+  Scratch(int64_t rows, int64_t head_dim)
+      : queries(head_dim / 2 * rows), pos(rows), scores(kBlock * rows), weights(kBlock / 2 * rows), m(rows),
+        l(rows), rescale(rows), values(kBlock / 2 * head_dim), acc(rows * head_dim) {}
+};
+
+const bf16 kZeroRow[256] = {};
+
+// The flat cache row of key `pos` of request b at kv head kh.
+inline int64_t key_offset(const Args& a, int64_t b, int64_t kh, int64_t pos) {
+  const int64_t page = a.table[b * a.table_width + pos / a.page_size];
+  return ((page * a.page_size + pos % a.page_size) * a.kv_heads + kh) * a.head_dim;
+}
+
+// Values of keys [first, first + n) as pairs of keys; missing keys are zero.
+void pack_values(const Args& a, int64_t b, int64_t kh, int64_t first, int64_t n, Scratch& w) {
+  const int64_t D = a.head_dim;
+  for (int64_t j = 0; j < kBlock / 2; ++j) {
+    const bf16* v0 = 2 * j < n ? a.v_cache + key_offset(a, b, kh, first + 2 * j) : kZeroRow;
+    const bf16* v1 = 2 * j + 1 < n ? a.v_cache + key_offset(a, b, kh, first + 2 * j + 1) : kZeroRow;
+    uint32_t* dst = w.values.data() + j * D;
+    for (int64_t c = 0; c < D; c += 32) {
+#if defined(CPU_CAPABILITY_AVX512)
+      const __m512i x = _mm512_loadu_si512(v0 + c), y = _mm512_loadu_si512(v1 + c);
+      _mm512_storeu_si512(dst + c, _mm512_unpacklo_epi16(x, y));
+      _mm512_storeu_si512(dst + c + 16, _mm512_unpackhi_epi16(x, y));
+#else
+      for (int64_t lane = 0; lane < 4; ++lane) {  // what the unpacks do, 128 bits at a time
+        for (int64_t e = 0; e < 4; ++e) {
+          const int64_t lo = c + lane * 8 + e;
+          dst[c + lane * 4 + e] = static_cast<uint32_t>(v0[lo].x) | static_cast<uint32_t>(v1[lo].x) << 16;
+          dst[c + 16 + lane * 4 + e] = static_cast<uint32_t>(v0[lo + 4].x) | static_cast<uint32_t>(v1[lo + 4].x) << 16;
+        }
+      }
+#endif
+    }
+  }
+}
+
+// Scores of keys [first + k0, first + k0 + 8) for every row (kVecs vectors of 16 rows), scaled, into
+// w.scores; missing keys read a zero row.
+template <int kDim, int kVecs>
+inline void score_keys(const Args& a, int64_t b, int64_t kh, int64_t first, int64_t k0, int64_t n, Scratch& w) {
+  constexpr int64_t kKeys = 8, rows = kVecs * 16;
+  const bf16* k[kKeys];
+  for (int64_t t = 0; t < kKeys; ++t) k[t] = k0 + t < n ? a.k_cache + key_offset(a, b, kh, first + k0 + t) : kZeroRow;
+  F16 s[kKeys][kVecs];
+  for (int64_t t = 0; t < kKeys; ++t) {
+    for (int v = 0; v < kVecs; ++v) s[t][v] = zeros();
+  }
+  for (int64_t i = 0; i < kDim / 2; ++i) {
+    const uint32_t* qp = w.queries.data() + i * rows;
+    for (int64_t t = 0; t < kKeys; ++t) {
+      const uint32_t pair = pair_at(k[t] + 2 * i);
+      for (int v = 0; v < kVecs; ++v) s[t][v] = dot2(s[t][v], qp + 16 * v, pair);
+    }
+  }
+  for (int64_t t = 0; t < kKeys; ++t) {
+    for (int v = 0; v < kVecs; ++v) store16(w.scores.data() + (k0 + t) * rows + 16 * v, scale16(s[t][v], a.scale));
+  }
+}
+
+// The online softmax over the block's keys [first, first + 16), a row per lane: masks what a row may not see,
+// folds the block into m and l, leaves each row's rescale and its weights as bf16 pairs of keys.
+template <int kVecs>
+inline void softmax_block(const Args& a, int64_t first, Scratch& w) {
+  using radixrt::Vec;
+  constexpr int64_t rows = kVecs * 16;
+  const Vec neg_inf(kNegInf), zero(0.f);
+  for (int64_t r = 0; r < rows; r += radixrt::kLanes) {
+    const Vec pos = Vec::loadu(w.pos.data() + r);
+    Vec top = Vec::loadu(w.m.data() + r);
+    for (int64_t t = 0; t < kBlock; ++t) {
+      const Vec key(static_cast<float>(first + t));
+      Vec visible = key <= pos;
+      if (a.window > 0) visible = visible & (key > pos - Vec(static_cast<float>(a.window)));
+      const Vec s = Vec::blendv(neg_inf, Vec::loadu(w.scores.data() + t * rows + r), visible);
+      s.store(w.scores.data() + t * rows + r);
+      top = at::vec::maximum(top, s);
+    }
+    const Vec seen = top != neg_inf;  // rows that have seen a key: else all their exps stay 0
+    const Vec base = Vec::blendv(zero, top, seen);
+    const Vec old = Vec::loadu(w.m.data() + r);
+    const Vec rescale = (old - base).exp_u20();
+    Vec sum(0.f);
+    for (int64_t t = 0; t < kBlock; t += 2) {
+      const Vec p0 = (Vec::loadu(w.scores.data() + t * rows + r) - base).exp_u20();
+      const Vec p1 = (Vec::loadu(w.scores.data() + (t + 1) * rows + r) - base).exp_u20();
+      sum = sum + p0 + p1;
+      radixrt::store_bf16_pairs(w.weights.data() + t / 2 * rows + r, p0, p1);
+    }
+    (Vec::loadu(w.l.data() + r) * rescale + sum).store(w.l.data() + r);
+    top.store(w.m.data() + r);
+    rescale.store(w.rescale.data() + r);
+  }
+}
+
+// acc[r] = acc[r] * rescale[r] + weights[r] . values for rows r0 .. r0 + kRows - 1, side by side so each packed
+// row of values is loaded once for all of them.
+template <int kDim, int kRows>
+inline void accumulate_rows(int64_t r0, int64_t rows, Scratch& w) {
+  constexpr int64_t kChunks = kDim / 16;
+  F16 o[kRows][kChunks];
+  for (int r = 0; r < kRows; ++r) {
+    for (int64_t c = 0; c < kChunks; ++c) o[r][c] = scale16(load16(w.acc.data() + (r0 + r) * kDim + 16 * c), w.rescale[r0 + r]);
+  }
+  for (int64_t j = 0; j < kBlock / 2; ++j) {
+    uint32_t pairs[kRows];
+    uint32_t any = 0;
+    for (int r = 0; r < kRows; ++r) any |= pairs[r] = w.weights[j * rows + r0 + r];
+    if (any == 0) continue;  // both keys masked or missing for every row
+    const uint32_t* vrow = w.values.data() + j * kDim;
+    for (int64_t c = 0; c < kChunks; ++c) {
+      for (int r = 0; r < kRows; ++r) o[r][c] = dot2(o[r][c], vrow + 16 * c, pairs[r]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int64_t c = 0; c < kChunks; ++c) store16(w.acc.data() + (r0 + r) * kDim + 16 * c, o[r][c]);
+  }
+}
+
+template <int kDim, int kVecs>
+void attend_item(const Args& a, const Item& item, Scratch& w) {
+  constexpr int64_t rows = kVecs * 16;
+  const int64_t b = item.request, kh = item.kv_head, group = a.heads / a.kv_heads;
+  const int64_t n_rows = item.tokens * group, first_pos = a.prefix[b] + item.first_token;
+  for (int64_t r = 0; r < rows; ++r) {  // pack the queries; padding rows are zero and see every key
+    const bf16* q = r < n_rows ? a.q + (a.q_start[b] + item.first_token + r / group) * a.q_stride +
+                                     (kh * group + r % group) * kDim
+                               : kZeroRow;
+    for (int64_t i = 0; i < kDim / 2; ++i) w.queries[i * rows + r] = pair_at(q + 2 * i);
+    w.pos[r] = r < n_rows ? static_cast<float>(first_pos + r / group) : 3.0e38f;
+  }
+  std::fill(w.acc.begin(), w.acc.begin() + rows * kDim, 0.f);
+  std::fill(w.m.begin(), w.m.begin() + rows, kNegInf);
+  std::fill(w.l.begin(), w.l.begin() + rows, 0.f);
+  const int64_t last_pos = first_pos + item.tokens - 1;
+  const int64_t lo = a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : 0;
+  for (int64_t first = lo - lo % kBlock; first <= last_pos; first += kBlock) {
+    const int64_t n = std::min(kBlock, last_pos + 1 - first);
+    score_keys<kDim, kVecs>(a, b, kh, first, 0, n, w);
+    score_keys<kDim, kVecs>(a, b, kh, first, 8, n, w);
+    softmax_block<kVecs>(a, first, w);
+    pack_values(a, b, kh, first, n, w);
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) accumulate_rows<kDim, 4>(r, rows, w);
+    for (; r < n_rows; ++r) accumulate_rows<kDim, 1>(r, rows, w);
+  }
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float inv = 1.f / w.l[r];
+    bf16* o = a.out + ((a.q_start[b] + item.first_token + r / group) * a.heads + kh * group + r % group) * kDim;
+    for (int64_t d = 0; d < kDim; ++d) o[d] = static_cast<bf16>(w.acc[r * kDim + permuted_dim(d)] * inv);
+  }
+}
+
+template <int kDim>
+void extend_kernel(const Args& a, const std::vector<Item>& items, int64_t vecs) {
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+    Scratch w(vecs * 16, kDim);
+    for (int64_t it = begin; it < end; ++it) {
+      if (vecs == 1) attend_item<kDim, 1>(a, items[it], w);
+      else if (vecs == 2) attend_item<kDim, 2>(a, items[it], w);
+      else attend_item<kDim, 3>(a, items[it], w);
+    }
+  });
+}
+
+}  // namespace
+
+// Whether paged_extend runs a vector at a time here (an AVX-512 build) rather than on its scalar fallback.
+bool paged_extend_vectorized() {
+#if defined(CPU_CAPABILITY_AVX512)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// q [T, H, D] bf16 (each head contiguous, tokens may be strided): the new tokens of every request back to
+// back; caches [P, S, KH, D] bf16; page_table [B, W] int32; prefix_lens, extend_lens [B] (the new tokens'
+// K/V already stored). Returns out [T, H, D]. window > 0 keeps only the last `window` keys of each query.
+torch::Tensor paged_extend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor page_table,
+                           torch::Tensor prefix_lens, torch::Tensor extend_lens, double scale, int64_t window) {
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
+                  v_cache.scalar_type() == at::kBFloat16, "paged_extend takes bf16 q and caches");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2), "q must be [T, H, D], heads contiguous");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes(), "the caches must be contiguous [P, S, KH, D]");
+  const int64_t heads = q.size(1), head_dim = q.size(2), kv_heads = k_cache.size(2), page_size = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(3) == head_dim && heads % kv_heads == 0, "head counts or head_dim disagree");
+  TORCH_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 32, "paged_extend takes head_dim 32, 64 or 128");
+  page_table = page_table.to(at::kInt).contiguous();
+  auto prefix = prefix_lens.to(at::kLong).contiguous(), extend = extend_lens.to(at::kLong).contiguous();
+  const int64_t batch = prefix.numel(), width = page_table.size(1);
+  TORCH_CHECK(page_table.dim() == 2 && page_table.size(0) == batch && extend.numel() == batch,
+              "one page-table row, prefix and extend length per request");
+  const int64_t group = heads / kv_heads;
+  TORCH_CHECK(group <= kMaxRows, "at most 48 query heads a kv head");
+  const int64_t tokens_per_item = kMaxRows / group, vecs = (tokens_per_item * group + 15) / 16;
+  std::vector<int64_t> q_start(batch);
+  std::vector<Item> items;
+  int64_t total = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t p = prefix.data_ptr<int64_t>()[b], e = extend.data_ptr<int64_t>()[b];
+    TORCH_CHECK(p >= 0 && e >= 0 && p + e <= width * page_size, "prefix + extend must fit the page table");
+    for (int64_t pg = 0; pg < (p + e + page_size - 1) / page_size; ++pg) {
+      const int64_t page = page_table.data_ptr<int32_t>()[b * width + pg];
+      TORCH_CHECK(page >= 0 && page < k_cache.size(0), "page ids must index the cache");
+    }
+    q_start[b] = total;
+    total += e;
+    for (int64_t kh = 0; kh < kv_heads; ++kh) {
+      for (int64_t t0 = 0; t0 < e; t0 += tokens_per_item) items.push_back(Item{b, kh, t0, std::min(tokens_per_item, e - t0)});
+    }
+  }
+  TORCH_CHECK(total == q.size(0), "q must hold every request's new tokens");
+  auto out = torch::empty({total, heads, head_dim}, q.options());
+  const Args args{reinterpret_cast<const bf16*>(q.data_ptr()), reinterpret_cast<const bf16*>(k_cache.data_ptr()),
+                  reinterpret_cast<const bf16*>(v_cache.data_ptr()), page_table.data_ptr<int32_t>(),
+                  prefix.data_ptr<int64_t>(), q_start.data(),
+                  reinterpret_cast<bf16*>(out.data_ptr()), q.stride(0), heads, kv_heads, head_dim, page_size, width,
+                  window, static_cast<float>(scale)};
+  if (head_dim == 64) extend_kernel<64>(args, items, vecs);
+  else if (head_dim == 128) extend_kernel<128>(args, items, vecs);
+  else extend_kernel<32>(args, items, vecs);
+  return out;
+}

@@ -1,0 +1,100 @@
+"""The C++ paged extend (prefill attention over bf16 pages read in place) against fp32 attention over the same
+bf16 values, on every CPU: AVX-512 builds run it vectorized (and the runtime takes it), others its scalar twin."""
+
+import pytest
+import torch
+
+from radixrt.kernels import cpu_kernels, torch_ref
+
+# Skipped only where the kernels are off by design; a failed build with a compiler present errors.
+pytestmark = pytest.mark.usefixtures("cpu_kernel_module")
+
+# bf16 outputs carry 2^-9 relative rounding, and each value's weight (<= 1) is rounded to bf16 as well
+BF16_OUT = dict(atol=2e-2, rtol=2e-2)
+
+
+def extend_case(prefixes, extends, page_size=16, heads=9, kv_heads=3, head_dim=64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    width = max(-(-(p + e) // page_size) for p, e in zip(prefixes, extends))
+    num_pages = len(prefixes) * width + 1
+    k = torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen).bfloat16()
+    v = torch.randn(num_pages, page_size, kv_heads, head_dim, generator=gen).bfloat16()
+    table = (torch.randperm(num_pages - 1, generator=gen)[: len(prefixes) * width] + 1).view(-1, width).int()
+    q = torch.randn(sum(extends), heads, head_dim, generator=gen).bfloat16()
+    return q, k, v, table, torch.tensor(prefixes, dtype=torch.int32), torch.tensor(extends, dtype=torch.int32)
+
+
+def check(q, k, v, table, prefixes, extends, window=0):
+    scale = q.shape[-1] ** -0.5
+    out = cpu_kernels.paged_extend(q, k, v, table, prefixes, extends, scale, window)
+    ref = torch_ref.extend_attention(q.float(), k.float(), v.float(), table, prefixes, extends, scale, window)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    torch.testing.assert_close(out.float(), ref, **BF16_OUT)
+
+
+# prompts from scratch, after a cached prefix, one token, several requests back to back (one with no new token)
+@pytest.mark.parametrize("prefixes,extends", [([0], [37]), ([100], [50]), ([5, 0, 40, 9], [20, 1, 17, 0]), ([16], [16])])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_matches_the_fp32_reference(prefixes, extends, page_size):
+    check(*extend_case(prefixes, extends, page_size, seed=page_size + sum(extends)))
+
+
+# query heads per kv head: 1 (48 tokens an item), 3 (16), 8 (6, padding rows), 16 (3)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (8, 1), (32, 2)])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_every_group_and_head_dim(heads, kv_heads, head_dim):
+    check(*extend_case([7, 30], [61, 33], 16, heads, kv_heads, head_dim, seed=heads + head_dim))
+
+
+@pytest.mark.parametrize("window", [1, 7, 40])
+def test_sliding_window(window):
+    check(*extend_case([90, 0], [45, 30], 4, seed=window), window=window)
+
+
+def test_the_runtime_takes_it_on_avx512_builds_in_bf16():
+    q, k, *_ = extend_case([0], [4])
+    vectorized = cpu_kernels._module().paged_extend_vectorized()
+    assert vectorized == cpu_kernels.compile_flags()[3].endswith("AVX512")
+    assert cpu_kernels.paged_extend_usable(q, k) == vectorized
+    assert not cpu_kernels.paged_extend_usable(q.float(), k.float())
+    assert not cpu_kernels.paged_extend_usable(q[..., :48], k[..., :48])
+
+
+def test_bad_inputs_raise():
+    q, k, v, table, prefixes, extends = extend_case([0, 3], [5, 6], page_size=4)
+    scale = 0.125
+    with pytest.raises(RuntimeError, match="bf16"):
+        cpu_kernels.paged_extend(q.float(), k.float(), v.float(), table, prefixes, extends, scale)
+    narrow = [t[..., :48].contiguous() for t in (q, k, v)]
+    with pytest.raises(RuntimeError, match="head_dim"):
+        cpu_kernels.paged_extend(*narrow, table, prefixes, extends, scale)
+    with pytest.raises(RuntimeError, match="fit the page table"):
+        cpu_kernels.paged_extend(q, k, v, table, prefixes + 100, extends, scale)
+    bad = table.clone()
+    bad[1, 0] = k.shape[0]
+    with pytest.raises(RuntimeError, match="page ids"):
+        cpu_kernels.paged_extend(q, k, v, bad, prefixes, extends, scale)
+    with pytest.raises(RuntimeError, match="every request's new tokens"):
+        cpu_kernels.paged_extend(q[:-1], k, v, table, prefixes, extends, scale)
+
+
+def test_backend_extend_same_with_and_without_the_kernel(monkeypatch):
+    """The torch backend's extend (a mixed batch: decode rows split off) in bf16, the kernel against torch's."""
+    from radixrt.memory.page_pool import KVLayout, PagePool
+    from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+    from radixrt.model.torch_attention import TorchAttention
+
+    page_size, d = 4, 64
+    backend = TorchAttention(PagePool(KVLayout(1, 3, d, page_size, torch.bfloat16), num_pages=16))
+    gen = torch.Generator().manual_seed(2)
+    for cache in (backend.pool.k_caches[0], backend.pool.v_caches[0]):
+        cache.copy_(torch.randn(cache.shape, generator=gen).bfloat16())
+    chunks = [SeqChunk(list(range(9)), 3, [1, 2, 3]), SeqChunk([5], 6, [4, 5]), SeqChunk([1], 2, [6]),
+              SeqChunk(list(range(5)), 0, [7, 8])]
+    batch = ForwardBatch.build(chunks, page_size)
+    q = torch.randn(batch.positions.numel(), 9, d, generator=gen).bfloat16()
+    fused = backend.attend(q, backend.pool.k_caches[0], backend.pool.v_caches[0], batch, 0.125, 0)
+    monkeypatch.setattr(cpu_kernels, "paged_extend_usable", lambda *args: False)
+    batch = ForwardBatch.build(chunks, page_size)  # a fresh plan cache
+    plain = backend.attend(q, backend.pool.k_caches[0], backend.pool.v_caches[0], batch, 0.125, 0)
+    torch.testing.assert_close(fused.float(), plain.float(), **BF16_OUT)
