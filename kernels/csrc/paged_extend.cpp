@@ -273,6 +273,23 @@ void attend_item(const Args& a, const Item& item, Scratch& w) {
   }
 }
 
+// Orders the items so that the threads' contiguous shares cost about the same: by cost (keys seen), heaviest and
+// lightest alternating. Causal items differ a lot (a prompt's last block sees all of it, its first block little).
+void balance(std::vector<Item>& items, const int64_t* prefix, int64_t window) {
+  auto cost = [&](const Item& it) {
+    const int64_t keys = prefix[it.request] + it.first_token + it.tokens;
+    return it.tokens * (window > 0 ? std::min(keys, window + it.tokens) : keys);
+  };
+  std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) { return cost(x) > cost(y); });
+  std::vector<Item> order;
+  order.reserve(items.size());
+  for (size_t lo = 0, hi = items.size(); lo < hi;) {
+    order.push_back(items[lo++]);
+    if (lo < hi) order.push_back(items[--hi]);
+  }
+  items.swap(order);
+}
+
 template <int kDim>
 void extend_kernel(const Args& a, const std::vector<Item>& items, int64_t vecs) {
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
@@ -330,10 +347,13 @@ torch::Tensor paged_extend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
     q_start[b] = total;
     total += e;
     for (int64_t kh = 0; kh < kv_heads; ++kh) {
-      for (int64_t t0 = 0; t0 < e; t0 += tokens_per_item) items.push_back(Item{b, kh, t0, std::min(tokens_per_item, e - t0)});
+      for (int64_t t0 = 0; t0 < e; t0 += tokens_per_item) {
+        items.push_back(Item{b, kh, t0, std::min(tokens_per_item, e - t0)});
+      }
     }
   }
   TORCH_CHECK(total == q.size(0), "q must hold every request's new tokens");
+  balance(items, prefix.data_ptr<int64_t>(), window);
   auto out = torch::empty({total, heads, head_dim}, q.options());
   const Args args{reinterpret_cast<const bf16*>(q.data_ptr()), reinterpret_cast<const bf16*>(k_cache.data_ptr()),
                   reinterpret_cast<const bf16*>(v_cache.data_ptr()), page_table.data_ptr<int32_t>(),
