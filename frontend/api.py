@@ -1,4 +1,8 @@
-"""The public names of the language (what `import radixrt as sgl` gives, as `import sglang as sgl`)."""
+"""The public names of the language (what `import radixrt as sgl` gives, as `import sglang as sgl`).
+
+``__all__`` is the one list of them: radixrt.frontend and radixrt export exactly these (the backend classes in
+``LAZY`` load on first use), plus what each adds of its own.
+"""
 
 from __future__ import annotations
 
@@ -287,7 +291,7 @@ def assistant_end() -> SglRoleEnd:
     return SglRoleEnd("assistant")
 
 
-_LAZY_CLASSES = {
+LAZY = {
     # The backend classes import their HTTP/OpenAI clients only when first used.
     "RuntimeEndpoint": (".backend.runtime_endpoint", "RuntimeEndpoint"),
     "EngineBackend": (".backend.engine", "EngineBackend"),
@@ -296,9 +300,9 @@ _LAZY_CLASSES = {
 
 
 def __getattr__(name: str):
-    if name in _LAZY_CLASSES:
+    if name in LAZY:
         import importlib
 
-        module, attr = _LAZY_CLASSES[name]
+        module, attr = LAZY[name]
         return getattr(importlib.import_module(module, __package__), attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

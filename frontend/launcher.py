@@ -8,43 +8,21 @@ The child is ``python -m radixrt.cli serve --host 127.0.0.1 --port PORT ARGS``; 
 kernel (Linux ``PR_SET_PDEATHSIG``) to SIGTERM the server when the thread that started it dies, so a killed
 program leaves no server behind; the server's own helpers die with the server. Used by ``sgl.Runtime``
 (radixrt.frontend.runtime) and, through radixrt.server.server_process, by tests and benchmarks. Imports
-nothing of the runtime: the server is a command line away.
+nothing of the runtime but its process helpers (radixrt.procs): the server is a command line away.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+
+from radixrt.procs import die_with, free_port
 
 READY_LINE = "radixrt serve: ready at"
-PR_SET_PDEATHSIG = 1
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with(parent_pid: int) -> Callable[[], None]:
-    """The child's pre-exec step: SIGTERM when the parent goes (or at once if it already went)."""
-
-    def arm() -> None:
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:  # not Linux: the atexit hook of the parent is all there is
-            return
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
 
 
 class ServerProcess:
@@ -66,7 +44,7 @@ class ServerProcess:
                *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                     preexec_fn=_die_with(os.getpid()) if self.die_with_parent else None)
+                                     preexec_fn=die_with(os.getpid()) if self.die_with_parent else None)
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.monotonic() + self.timeout
         while not self._ready.wait(0.2):

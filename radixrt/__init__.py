@@ -10,46 +10,22 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# The frontend language (SGLang-compatible: programs run unchanged with `import radixrt as sgl`).
-from radixrt.frontend.api import (  # noqa: E402
-    Runtime,
-    assistant,
-    assistant_begin,
-    assistant_end,
-    flush_cache,
-    function,
-    gen,
-    gen_int,
-    gen_string,
-    get_default_backend,
-    get_server_info,
-    global_config,
-    greedy_token_selection,
-    image,
-    select,
-    set_default_backend,
-    system,
-    system_begin,
-    system_end,
-    token_length_normalized,
-    unconditional_likelihood_normalized,
-    user,
-    user_begin,
-    user_end,
-    video,
-)
+# The frontend language (SGLang-compatible: programs run unchanged with `import radixrt as sgl`): its public
+# names are listed once, in radixrt.frontend.api.__all__.
+from radixrt.frontend import api as _api  # noqa: E402
+
+globals().update({name: getattr(_api, name) for name in _api.__all__ if name not in _api.LAZY})
 
 _LAZY = {
     "Engine": ("radixrt.engine", "Engine"),
     "ServerArgs": ("radixrt.server_args", "ServerArgs"),
-    # DSL backends (their HTTP/OpenAI clients load on first use).
-    "RuntimeEndpoint": ("radixrt.frontend.backend.runtime_endpoint", "RuntimeEndpoint"),
-    "EngineBackend": ("radixrt.frontend.backend.engine", "EngineBackend"),
-    "OpenAI": ("radixrt.frontend.backend.openai", "OpenAI"),
 }
+__all__ = [*_api.__all__, *_LAZY, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _api.LAZY:  # DSL backends: their HTTP/OpenAI clients load on first use
+        return getattr(_api, name)
     if name in _LAZY:
         import importlib
 

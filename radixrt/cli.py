@@ -1,4 +1,4 @@
-"""The `radixrt` command: fetch-model, generate, serve, bench."""
+"""The `radixrt` command: fetch-model, generate, serve, bench, env."""
 
 from __future__ import annotations
 
@@ -37,6 +37,13 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env(args: argparse.Namespace) -> int:
+    from radixrt import env
+
+    print(env.describe())
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from radixrt.server.launch import serve
     from radixrt.server_args import ServerArgs
@@ -45,7 +52,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from radixrt.model.weights import DEFAULT_MODEL
+    from radixrt.server_args import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(prog="radixrt", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     from radixrt.bench.commands import add_bench_parser
 
     add_bench_parser(commands)
+
+    commands.add_parser("env", help="the environment variables radixrt reads, their meaning and values").set_defaults(
+        run=_env)
 
     args = parser.parse_args(argv)
     return args.run(args)

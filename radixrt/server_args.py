@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from radixrt.model.weights import DEFAULT_MODEL
+from radixrt import env
 
+
+# the bundled model (radixrt.model.weights.BUNDLED_MODELS) a runtime serves unless told otherwise
+DEFAULT_MODEL = "smollm2-135m"
 
 _CLI_TYPES = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float,
               "str | None": str}
@@ -79,9 +81,9 @@ class ServerArgs:
 
     def __post_init__(self) -> None:
         if self.api_key is None:
-            self.api_key = os.environ.get("RADIXRT_API_KEY") or None
+            self.api_key = env.get("RADIXRT_API_KEY") or None
         if self.admin_api_key is None:
-            self.admin_api_key = os.environ.get("RADIXRT_ADMIN_API_KEY") or None
+            self.admin_api_key = env.get("RADIXRT_ADMIN_API_KEY") or None
 
     def public_dict(self) -> dict[str, Any]:
         """Every option, with the keys masked: what may be shown or logged."""

@@ -16,7 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
-    from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
+    from radixrt.model.weights import resolve_model_path
+    from radixrt.server_args import DEFAULT_MODEL
 
     return resolve_model_path(DEFAULT_MODEL)
 

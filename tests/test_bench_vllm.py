@@ -106,7 +106,8 @@ def test_peer_run_imports_nothing_of_radixrt():
 
 @pytest.mark.model
 def test_peer_run_result_has_the_fields(tmp_path, capsys):
-    from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
+    from radixrt.model.weights import resolve_model_path
+    from radixrt.server_args import DEFAULT_MODEL
 
     model = str(resolve_model_path(DEFAULT_MODEL))
     path = tmp_path / "workload.json"

@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 
-from radixrt.distributed.world import free_port
+from radixrt.procs import free_port
 
 RANK = """
 import json, os, sys

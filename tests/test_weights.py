@@ -5,6 +5,7 @@ import pytest
 
 from radixrt.model import weights
 from radixrt.model.weights import ModelNotFoundError, resolve_model_path
+from radixrt.server_args import DEFAULT_MODEL
 
 
 def test_import_radixrt_does_not_import_torch():
@@ -17,7 +18,7 @@ def test_default_model_folder_is_complete(default_model_path):
     names = {p.name for p in default_model_path.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
     # A second resolve is a cache hit on the same folder.
-    assert resolve_model_path(weights.DEFAULT_MODEL) == default_model_path
+    assert resolve_model_path(DEFAULT_MODEL) == default_model_path
 
 
 def test_sha256_mismatch_is_refused(tmp_path):

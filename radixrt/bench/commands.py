@@ -42,7 +42,7 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    from radixrt.model.weights import DEFAULT_MODEL
+    from radixrt.server_args import DEFAULT_MODEL
     from radixrt.server_args import ServerArgs
 
     p.add_argument("--model", default=DEFAULT_MODEL)

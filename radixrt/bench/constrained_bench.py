@@ -45,7 +45,8 @@ def _time_us(fn, steps: int) -> float:
 def main(argv: list[str] | None = None) -> dict:
     from radixrt.constrained import (GrammarCompiler, GrammarMatcher, allocate_bitmask, apply_bitmask,
                                      apply_token_masks, fill_bitmasks, unpack_bitmask)
-    from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
+    from radixrt.model.weights import resolve_model_path
+    from radixrt.server_args import DEFAULT_MODEL
     from radixrt.tokenizer import eos_token_ids, load_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -29,7 +29,8 @@ from radixrt.model import layers
 from radixrt.model.cpu_linear import KERNEL_ENV
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.runner import ModelRunner
-from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
+from radixrt.model.weights import resolve_model_path
+from radixrt.server_args import DEFAULT_MODEL
 from radixrt.server_args import ServerArgs
 
 PAGE_SIZE = 16

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not device.startswith("cuda"):
         os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors: the kernels run in triton's interpreter
-    from radixrt.model.weights import DEFAULT_MODEL
+    from radixrt.server_args import DEFAULT_MODEL
 
     with tempfile.TemporaryDirectory(prefix="radixrt-gpu-check-") as scratch:
         model = args.model or DEFAULT_MODEL

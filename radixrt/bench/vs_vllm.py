@@ -178,7 +178,7 @@ def format_ratio_table(rows: list[dict], peer_label: str = "vLLM") -> str:
 
 
 def add_vllm_parser(sub) -> None:
-    from radixrt.model.weights import DEFAULT_MODEL
+    from radixrt.server_args import DEFAULT_MODEL
 
     p = sub.add_parser("vllm", help="radixrt next to vLLM's CPU build (its own venv), engines alternating")
     p.add_argument("--vllm-python", default=None, help="the python of a venv with vLLM installed")

@@ -8,14 +8,13 @@ Run by rank 0 or a node launcher: ``python -m radixrt.distributed.follower ARGS_
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
-import os
 import signal
 import sys
 from typing import TYPE_CHECKING
 
+from radixrt.procs import die_with_parent
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -44,18 +43,6 @@ def follow(world: "TPWorld", runner: "ModelRunner") -> None:
         batch, page_copies = step
         runner.apply_page_copies(page_copies)
         runner.forward(batch)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """SIGTERM (whose default action ends this process, even inside a collective) when the parent dies.
-
-    The same as radixrt.server.ipc's, which the layering keeps this module from importing."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    except OSError:
-        pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:

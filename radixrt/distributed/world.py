@@ -25,7 +25,6 @@ import datetime
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from radixrt.distributed.options import check_dist_args, parse_addr, ranks_per_node
+from radixrt.procs import free_port
 from radixrt.model.forward_batch import HOST_FIELDS, ForwardBatch
 from radixrt.model.parallel import TPGroup
 from radixrt.server_args import ServerArgs
@@ -50,12 +50,6 @@ _BATCH_TENSORS = ("input_ids", "positions", "out_slots", "page_table", "prefix_l
 
 class RankFailure(RuntimeError):
     """A tensor-parallel rank died or fell out of step: the runtime cannot go on."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def follower_args(args: ServerArgs) -> str:

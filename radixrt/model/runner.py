@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from radixrt import env
 from radixrt.kernels import cpu_kernels
 from radixrt.memory.page_pool import KVLayout, PagePool, default_budget_bytes
 from radixrt.model.cpu_malloc import keep_freed_memory
@@ -56,7 +56,7 @@ def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") ->
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        forced = os.environ.get(AUTO_DTYPE_ENV)
+        forced = env.get(AUTO_DTYPE_ENV)
         if forced:  # test matrices run the whole suite with auto resolving to each dtype
             if forced not in DTYPES:
                 raise ValueError(f"{AUTO_DTYPE_ENV}={forced!r}; choose one of {', '.join(DTYPES)}")

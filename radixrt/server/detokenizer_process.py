@@ -9,7 +9,7 @@ Run by the server launcher: ``python -m radixrt.server.detokenizer_process MODEL
 
 from __future__ import annotations
 
-from radixrt.server.ipc import pin_helper_threads
+from radixrt.procs import pin_helper_threads
 
 pin_helper_threads()  # before anything can import torch
 
@@ -20,15 +20,9 @@ import sys  # noqa: E402
 
 import zmq  # noqa: E402
 
-from radixrt.messages import BatchTokenOut, DetokenizerReady  # noqa: E402
-from radixrt.server.ipc import (  # noqa: E402
-    ENCODER,
-    IpcPaths,
-    decoder,
-    die_with_parent,
-    parent_alive,
-    torch_single_thread,
-)
+from radixrt.protocol.messages import BatchTokenOut, DetokenizerReady  # noqa: E402
+from radixrt.procs import die_with_parent, parent_alive, torch_single_thread  # noqa: E402
+from radixrt.server.ipc import ENCODER, IpcPaths, decoder  # noqa: E402
 
 logger = logging.getLogger("radixrt.detokenizer_process")
 

@@ -26,8 +26,8 @@ import time
 
 import httpx
 
-from radixrt.frontend.launcher import _die_with
-from radixrt.server.server_process import READY_LINE, ServerProcess, free_port
+from radixrt.procs import die_with, free_port
+from radixrt.server.server_process import READY_LINE, ServerProcess
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.server")
@@ -102,7 +102,7 @@ def serve_dp(args: ServerArgs) -> int:
         cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host, "--port", str(args.port),
                "--prometheus-port", str(free_port()), "--policy", "cache_aware", "--log-level", "warn",
                "--worker-urls", *[w.url for w in workers]]
-        router = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with(os.getpid()))
+        router = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=die_with(os.getpid()))
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         url = f"http://{host}:{args.port}"
         if not _router_ready(url, model, router):

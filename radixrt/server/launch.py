@@ -33,7 +33,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from radixrt.server.ipc import IpcPaths, pin_helper_threads, torch_single_thread
+from radixrt.procs import pin_helper_threads, torch_single_thread
+from radixrt.server.ipc import IpcPaths
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -246,8 +247,8 @@ async def _watchdog(args: ServerArgs, server: uvicorn.Server, tm: TokenizerManag
     # A signal: uvicorn stops accepting and waits for open responses. Requests that do not finish
     # within the grace period are answered 503 (streams: an error event), so every connection closes.
     deadline = time.monotonic() + SHUTDOWN_GRACE_S
-    while tm.states and time.monotonic() < deadline and _dead_helper(procs) is None:
+    while tm.in_flight and time.monotonic() < deadline and _dead_helper(procs) is None:
         await asyncio.sleep(0.05)
-    if tm.states:
-        logger.info("shutting down: %d requests unfinished are answered 503", len(tm.states))
+    if tm.in_flight:
+        logger.info("shutting down: %d requests unfinished are answered 503", tm.in_flight)
     tm.fail_all("the server is shutting down")

@@ -100,7 +100,8 @@ def _pick_words(tokenizer, count: int) -> list[int]:
 @lru_cache(maxsize=1)
 def load_world() -> World:
     from radixrt.constrained import GrammarBackend
-    from radixrt.model.weights import DEFAULT_MODEL, resolve_model_path
+    from radixrt.model.weights import resolve_model_path
+    from radixrt.server_args import DEFAULT_MODEL
     from radixrt.tokenizer import eos_token_ids, load_tokenizer
 
     model_path = resolve_model_path(DEFAULT_MODEL)

@@ -1,0 +1,71 @@
+"""Process helpers of the runtime's processes and launchers: a free port, dying with one's parent, quiet helpers.
+
+Every child process of radixrt (the server's scheduler and detokenizer, tensor-parallel followers, ``radixrt
+serve`` started by ``sgl.Runtime`` or a benchmark, data-parallel workers and their router) dies with the process
+that started it, through Linux's ``PR_SET_PDEATHSIG``: ``die_with_parent`` in the child, or ``die_with`` as the
+pre-exec step of ``subprocess.Popen``. Imports nothing of the runtime (the frontend's launcher uses it too).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+from typing import Callable
+
+PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface (free now; a race with another process remains possible)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def die_with(parent_pid: int) -> Callable[[], None]:
+    """A pre-exec step (``Popen(preexec_fn=...)``): the child gets SIGTERM when ``parent_pid`` goes, or at once
+    if it has gone already. SIGTERM's default action ends a process even inside a blocking collective."""
+
+    def arm() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except OSError:  # not Linux: the parent's own clean-up is all there is
+            return
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child already running: SIGTERM this process when ``parent_pid`` goes."""
+    die_with(parent_pid)()
+
+
+def parent_alive(parent_pid: int) -> bool:
+    return os.getppid() == parent_pid
+
+
+def pin_helper_threads() -> None:
+    """For the HTTP and detokenizer processes: one compute thread, no OpenMP spin-waiting.
+
+    Must run before torch is imported (transformers' tokenizer classes import it when it is installed).
+    """
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        os.environ[name] = "1"
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def torch_single_thread() -> None:
+    """If something imported torch anyway, keep it to one thread."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:
+            pass
