@@ -11,7 +11,7 @@ import logging
 
 import msgspec
 
-from radixrt.messages import BatchStrOut, BatchTokenOut, FinishReason, ReqDelta, StrDelta
+from radixrt.protocol.messages import BatchStrOut, BatchTokenOut, FinishReason, ReqDelta, StrDelta
 
 logger = logging.getLogger("radixrt.detokenize")
 

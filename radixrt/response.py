@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from radixrt.messages import FinishReason, StrDelta
+from radixrt.protocol.messages import FinishReason, StrDelta
 
 
 def _entries(items) -> list[list[Any]]:

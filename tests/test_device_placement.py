@@ -17,7 +17,7 @@ from radixrt.constrained.masks import (
     apply_token_masks,
     fill_bitmasks,
 )
-from radixrt.messages import BatchTokenOut, GenerateReq
+from radixrt.protocol.messages import BatchTokenOut, GenerateReq
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.runner import AUTO_DTYPE_ENV, ModelRunner, parse_dtype
 from radixrt.sampling.logits_processor import apply_penalties, ban_tokens, token_logprobs

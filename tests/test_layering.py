@@ -21,23 +21,28 @@ PACKAGES = {"radixrt": "radixrt", "frontend": "radixrt.frontend", "kernels": "ra
 # Importer prefix -> the radixrt modules it may import (prefixes), at module level or lazily.
 # The first matching importer prefix wins, so the more specific ones come first.
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
-    ("radixrt.frontend", ("radixrt.frontend",)),
+    ("radixrt.frontend", ("radixrt.frontend", "radixrt.procs")),
     ("radixrt.kernels", ("radixrt.kernels",)),
     ("radixrt.token_ids", ()),
     ("radixrt.device_copy", ()),
+    ("radixrt.procs", ()),
+    ("radixrt.env", ()),
+    ("radixrt.metrics", ()),
     ("radixrt.memory", ("radixrt.memory", "radixrt.token_ids")),
     ("radixrt.sampling", ("radixrt.sampling", "radixrt.device_copy")),
     ("radixrt.constrained", ("radixrt.constrained", "radixrt.token_ids")),
-    ("radixrt.model", ("radixrt.model", "radixrt.kernels", "radixrt.memory.page_pool", "radixrt.device_copy")),
-    ("radixrt.messages", ("radixrt.sampling.params",)),
-    ("radixrt.detokenize", ("radixrt.messages",)),
-    ("radixrt.scheduler.validation", ("radixrt.sampling.params", "radixrt.constrained.patterns")),
-    ("radixrt.tools", ("radixrt.tools", "radixrt.scheduler.validation", "radixrt.constrained.patterns")),
-    ("radixrt.requests", ("radixrt.messages", "radixrt.sampling.params", "radixrt.scheduler.validation")),
-    ("radixrt.distributed", ("radixrt.distributed", "radixrt.model", "radixrt.server_args")),
+    ("radixrt.protocol", ("radixrt.protocol", "radixrt.sampling.params", "radixrt.constrained.patterns")),
+    ("radixrt.model", ("radixrt.model", "radixrt.kernels", "radixrt.memory.page_pool", "radixrt.device_copy",
+                       "radixrt.env")),
+    ("radixrt.server_args", ("radixrt.env",)),
+    ("radixrt.detokenize", ("radixrt.protocol",)),
+    ("radixrt.response", ("radixrt.protocol",)),
+    ("radixrt.client", ("radixrt.protocol", "radixrt.response", "radixrt.metrics")),
+    ("radixrt.tools", ("radixrt.tools", "radixrt.protocol", "radixrt.constrained.patterns")),
+    ("radixrt.distributed", ("radixrt.distributed", "radixrt.model", "radixrt.server_args", "radixrt.procs")),
     ("radixrt.scheduler", ("radixrt.scheduler", "radixrt.memory", "radixrt.model", "radixrt.sampling",
-                           "radixrt.constrained", "radixrt.messages", "radixrt.detokenize", "radixrt.server_args",
-                           "radixrt.token_ids")),
+                           "radixrt.constrained", "radixrt.protocol", "radixrt.detokenize", "radixrt.server_args",
+                           "radixrt.token_ids", "radixrt.metrics")),
 ]
 # The top of the stack: nothing else imports these (radixrt/__init__.py re-exports the frontend).
 UPPER = ("radixrt.engine", "radixrt.server", "radixrt.frontend", "radixrt.bench", "radixrt.cli")
@@ -162,8 +167,8 @@ def test_the_engine_and_the_http_process_load_the_model_side_only_when_called():
 
 
 def test_the_http_process_and_the_request_checks_import_no_torch():
-    modules = ["radixrt", "radixrt.requests", "radixrt.scheduler.validation", "radixrt.constrained",
-               "radixrt.messages", "radixrt.server.launch", "radixrt.server.tokenizer_manager",
+    modules = ["radixrt", "radixrt.protocol.request", "radixrt.protocol.validation", "radixrt.constrained",
+               "radixrt.protocol.messages", "radixrt.client", "radixrt.server.launch", "radixrt.server.tokenizer_manager",
                "radixrt.server.openapi", "radixrt.server.security", "radixrt.engine"]
     code = ("import importlib, sys\n"
             f"for m in {modules!r}: importlib.import_module(m)\n"

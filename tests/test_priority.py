@@ -15,7 +15,7 @@ import pytest
 
 from radixrt.bench.sim.fake_runner import FakeRunner
 from radixrt.bench.sim.oracle import DeltaSink
-from radixrt.messages import GenerateReq
+from radixrt.protocol.messages import GenerateReq
 from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.policy import order_waiting
 from radixrt.scheduler.request import Req
@@ -405,7 +405,7 @@ def test_server_takes_priorities_on_every_route_and_refuses_bad_ones(http):
 
 
 def test_the_openapi_document_states_the_priority_range():
-    from radixrt.requests import priority_from
+    from radixrt.protocol.request import priority_from
     from radixrt.server.openapi import BOUNDS, ApiLimits, build_openapi
 
     bound = BOUNDS["priority"]

@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from radixrt.response import ResponseBuilder
 from radixrt.server.client_wait import ClientGone, gather
-from radixrt.server.tokenizer_manager import ReqState
+from radixrt.client import Handle, LoopWaker
 
 MAX_NEW = 1500  # far more than the steps the test waits: a request left running would still be decoding
 LONG = {"max_new_tokens": MAX_NEW, "ignore_eos": True, "temperature": 0}
@@ -36,13 +36,13 @@ class AbortRecorder:
     def __init__(self) -> None:
         self.aborted: list[str] = []
 
-    def abort_unfinished(self, states: list[ReqState]) -> None:
+    def abort_unfinished(self, states: list[Handle]) -> None:
         self.aborted += [s.rid for s in states if not s.finished]
 
 
 def test_disconnect_of_a_busy_request_aborts_it_at_once():
     async def scenario() -> float:
-        state = ReqState("busy", ResponseBuilder("busy", False, 0), asyncio.Event(), 0)
+        state = Handle("busy", ResponseBuilder("busy", False, 0), LoopWaker(), 0)
         gone = asyncio.Event()
         messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
 
@@ -55,7 +55,7 @@ def test_disconnect_of_a_busy_request_aborts_it_at_once():
         async def tokens() -> None:  # a new output every 5 ms, never finishing
             while True:
                 await asyncio.sleep(0.005)
-                state.event.set()
+                state.waker.wake()
 
         request = Request({"type": "http", "method": "POST", "path": "/generate", "headers": []}, receive)
         await request.body()

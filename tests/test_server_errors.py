@@ -1,20 +1,17 @@
 """How a request's end maps to an HTTP answer: a refused request is a 400, a failure inside the runtime a 500
 (the other requests go on), a client's own abort no error at all."""
 
-import asyncio
-
 import msgspec
 import pytest
 
-from radixrt.messages import FinishReason, ReqDelta, StrDelta
+from radixrt.protocol.messages import FinishReason, ReqDelta, StrDelta
+from radixrt.client import Handle, ThreadWaker, raise_for_failures
+from radixrt.protocol.errors import RequestError, RequestFailed
 from radixrt.response import ResponseBuilder
-from radixrt.scheduler.validation import RequestError
-from radixrt.server.client_wait import raise_for_failures
-from radixrt.server.tokenizer_manager import ReqState, RequestFailed
 
 
-def finished_state(reason: dict) -> ReqState:
-    state = ReqState("r1", ResponseBuilder("r1"), asyncio.Event(), 0)
+def finished_state(reason: dict) -> Handle:
+    state = Handle("r1", ResponseBuilder("r1"), ThreadWaker(), 0)
     finish = msgspec.convert(reason, FinishReason)  # SGLang's wire dict, as the scheduler's typed reason
     state.builder.add(StrDelta(rid="r1", text="", delta=ReqDelta(rid="r1", new_ids=[], finish_reason=finish)))
     return state

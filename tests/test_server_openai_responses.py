@@ -3,24 +3,22 @@ follow the streamed text, usage counts each prompt once, and the metrics histogr
 
 from __future__ import annotations
 
-import asyncio
-
 import msgspec
 
-from radixrt.messages import FinishReason, ReqDelta, StrDelta
+from radixrt.protocol.messages import FinishReason, ReqDelta, StrDelta
 from radixrt.response import ResponseBuilder
-from radixrt.server.metrics import STEP_BUCKETS, Histogram
+from radixrt.metrics import STEP_BUCKETS, Histogram
 from radixrt.server.openai_responses import OpenAIAnswer, StreamCursor
-from radixrt.server.tokenizer_manager import ReqState
+from radixrt.client import Handle, ThreadWaker
 
 TOKEN_TEXT = {5: "ab", 6: "c", 7: "de"}
 
 
-def state(rid: str = "r", logprobs: bool = True) -> ReqState:
-    return ReqState(rid, ResponseBuilder(rid, logprobs, 1 if logprobs else 0), asyncio.Event(), 0)
+def state(rid: str = "r", logprobs: bool = True) -> Handle:
+    return Handle(rid, ResponseBuilder(rid, logprobs, 1 if logprobs else 0), ThreadWaker(), 0)
 
 
-def add(s: ReqState, token: int, finish: dict | None = None, prompt_tokens: int = 3) -> None:
+def add(s: Handle, token: int, finish: dict | None = None, prompt_tokens: int = 3) -> None:
     reason = None if finish is None else msgspec.convert(finish, FinishReason)
     delta = ReqDelta(rid=s.rid, new_ids=[token], finish_reason=reason, prompt_tokens=prompt_tokens,
                      cached_tokens=1, completion_tokens=len(s.builder.output_ids) + 1,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from radixrt.scheduler.validation import RequestError
+from radixrt.protocol.errors import RequestError
 from radixrt.tools.formats import FORMATS, choose_format, messages_for_template, template_supports_tools
 from radixrt.tools.parser import parse_tool_calls
 from radixrt.tools.spec import Tool, ToolChoice, parse_tool_choice, parse_tools

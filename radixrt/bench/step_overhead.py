@@ -50,7 +50,7 @@ class NullRunner:
 def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bool = False) -> dict:
     from radixrt.bench.sim.world import load_world
     from radixrt.detokenize import Detokenizer
-    from radixrt.messages import GenerateReq
+    from radixrt.protocol.messages import GenerateReq
     from radixrt.sampling.params import SamplingParams
     from radixrt.scheduler.scheduler import Scheduler
     from radixrt.server_args import ServerArgs

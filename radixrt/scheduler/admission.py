@@ -32,7 +32,7 @@ import time
 from typing import TYPE_CHECKING
 
 from radixrt.memory.radix_cache import RadixCache
-from radixrt.messages import FinishReason
+from radixrt.protocol.messages import FinishReason
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.policy import order_waiting
 from radixrt.scheduler.request import Req

@@ -76,13 +76,9 @@ class Memory:
         need = sum(max(math.ceil((r.num_computed + n) / self.page_size) - len(r.pages), 0) for r, n in plan)
         return need - self.pool.num_free
 
-    def reserve(self, plan: Plan, running: list[Req], admitted_now: set[int]) -> tuple[Plan, list[Req]]:
-        """Give every planned request the pages its new tokens need: evict, then retract if that is not enough.
-
-        Returns the plan without the retracted requests, and those requests (pages released, still in
-        ``running``): the caller puts them back in the waiting queue. ``admitted_now`` holds the ids of the
-        requests admitted this step.
-        """
+    def _make_room(self, plan: Plan) -> int:
+        """Evict cached pages, then release sessions' pins and evict again, until ``plan`` fits; the pages still
+        short."""
         short = self._pages_short(plan)
         if short > 0:
             self.cache.evict(short)
@@ -90,6 +86,16 @@ class Memory:
         if short > 0 and self.unpin is not None and self.unpin(short):
             self.cache.evict(short)
             short = self._pages_short(plan)
+        return short
+
+    def reserve(self, plan: Plan, running: list[Req], admitted_now: set[int]) -> tuple[Plan, list[Req]]:
+        """Give every planned request the pages its new tokens need: evict, then retract if that is not enough.
+
+        Returns the plan without the retracted requests, and those requests (pages released, still in
+        ``running``): the caller puts them back in the waiting queue. ``admitted_now`` holds the ids of the
+        requests admitted this step.
+        """
+        short = self._make_room(plan)
         candidates = list(running)
         retracted: list[Req] = []
         while short > 0:
@@ -117,14 +123,7 @@ class Memory:
     def reserve_without_retraction(self, plan: Plan) -> bool:
         """Give every planned request the pages its new tokens need, evicting cached pages and sessions' pins
         if need be; False (and nothing allocated) when that is not enough."""
-        short = self._pages_short(plan)
-        if short > 0:
-            self.cache.evict(short)
-            short = self._pages_short(plan)
-        if short > 0 and self.unpin is not None and self.unpin(short):
-            self.cache.evict(short)
-            short = self._pages_short(plan)
-        if short > 0:
+        if self._make_room(plan) > 0:
             return False
         self._allocate(plan)
         return True

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from radixrt.detokenize import TextStream
-from radixrt.messages import BatchTokenOut, FinishReason, ReqDelta
+from radixrt.protocol.messages import BatchTokenOut, FinishReason, ReqDelta
 from radixrt.scheduler.logits import collect_prompt_logprobs, next_tokens
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.request import Req

@@ -1,4 +1,4 @@
-"""torch.profiler on the scheduler's thread: the Engine's ``start_profile`` / ``stop_profile`` (SGLang's names).
+"""torch.profiler on the scheduler's thread: the control calls behind ``start_profile`` / ``stop_profile`` (SGLang's names).
 
 The profiler records the operators of the thread that starts it, and the Engine's forward passes run on its
 scheduler thread, so both calls run there (as control calls between steps). ``stop`` returns each operator's

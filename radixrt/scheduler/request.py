@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixrt.detokenize import TextStream
-from radixrt.messages import FinishReason, GenerateReq
+from radixrt.protocol.messages import FinishReason, GenerateReq
 from radixrt.sampling.params import SamplingParams
 
 if TYPE_CHECKING:

@@ -4,9 +4,11 @@ Its parts, each with its own contract: ``admission`` (the waiting queue, policy 
 ``memory`` (the only code that changes a request's pages), ``batch`` (the plan and its ForwardBatch),
 ``output`` (sampling, finish checks, jump-forward, deltas; ``logits`` turns rows into tokens and logprobs),
 ``sessions`` (open sessions, ``session_params``, each session's pin on its latest context in the cache),
-``overlap`` (decode step N+1 launched before step N's tokens are read back; on CUDA by default).
-This module takes messages in (``submit``, drained at the start of each step), runs the step loop, moves
-requests between the queues and keeps the counters behind ``stats``.
+``overlap`` (decode step N+1 launched before step N's tokens are read back; on CUDA by default), ``control``
+(the answers to control calls: stats, flush, sessions, profiling).
+This module takes messages in (``submit``, drained at the start of each step: requests, aborts and control
+calls, whose replies go to the sink like the token deltas), runs the step loop, moves requests between the
+queues and keeps the counters behind ``stats``.
 
 Page ownership follows the radix cache's rule: a page's single reference belongs to the tree or to the one
 request that allocated it. A running request reads tree pages under a lock on its deepest cached node.
@@ -22,32 +24,37 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 from radixrt.detokenize import TextStream
 from radixrt.memory.radix_cache import RadixCache
-from radixrt.messages import (
+from radixrt.metrics import STEP_BUCKETS, Histogram
+from radixrt.model.runner import ModelRunner
+from radixrt.protocol.errors import RequestError, status_of
+from radixrt.protocol.limits import ModelLimits
+from radixrt.protocol.messages import (
     AbortReq,
     BatchTokenOut,
+    ControlOut,
+    ControlReq,
     FinishReason,
-    FlushCacheReq,
     GenerateReq,
     ReqDelta,
     SchedulerStats,
 )
-from radixrt.model.runner import ModelRunner
+from radixrt.protocol.validation import validate_request
 from radixrt.scheduler.admission import Admission
 from radixrt.scheduler.batch import Plan, build_forward_batch, plan_batch
+from radixrt.scheduler.control import answer
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.output import OutputProcessor
 from radixrt.scheduler.overlap import Launched, continuation, continuation_batch, launch, overlappable
 from radixrt.scheduler.policy import POLICIES
+from radixrt.scheduler.profiler import StepProfiler
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.sessions import Sessions
-from radixrt.scheduler.validation import ModelLimits, RequestError, validate_request
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -62,23 +69,6 @@ class ModelFailure(RuntimeError):
     """The model's forward keeps failing: the runtime cannot serve any request."""
 
 
-class ControlCall:
-    """A function the scheduler runs between steps, on its own thread (flush, stats snapshots)."""
-
-    def __init__(self, fn: Callable[[], object]) -> None:
-        self.fn = fn
-        self.result: object = None
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn()
-        except Exception as exc:
-            self.error = exc
-        self.done.set()
-
-
 class Scheduler:
     def __init__(
         self,
@@ -86,7 +76,7 @@ class Scheduler:
         runner: ModelRunner,
         tokenizer,
         eos_ids: set[int],
-        sink: Callable[[BatchTokenOut], None],
+        sink: Callable[[BatchTokenOut | ControlOut], None],
         grammars: GrammarBackend | None = None,
     ) -> None:
         if args.schedule_policy not in POLICIES:
@@ -114,7 +104,7 @@ class Scheduler:
         self.memory.unpin = self.sessions.unpin_lru
         self.output = OutputProcessor(tokenizer, self.eos_ids, self.vocab_size, self.context_length, self.page_size,
                                       grammars, self.memory, sink)
-        self.inbox: deque[GenerateReq | AbortReq | FlushCacheReq | ControlCall] = deque()
+        self.inbox: deque[GenerateReq | AbortReq | ControlReq] = deque()
         self.running: list[Req] = []
         overlap_here = args.enable_overlap_schedule or runner.device.type == "cuda"
         self.overlap = overlap_here and not args.disable_overlap_schedule and getattr(runner, "world", None) is None
@@ -124,6 +114,8 @@ class Scheduler:
         self.last_step_seconds = 0.0
         self.forward_seconds = 0.0
         self.forward_failures = 0  # in a row
+        self.step_latency = Histogram(STEP_BUCKETS)  # of the steps that did something
+        self.profiler = StepProfiler()
         self._last_log = time.monotonic()
         self._step_tokens = 0
         # Requests without a seed of their own draw one here in arrival order: the same requests in the same
@@ -154,7 +146,7 @@ class Scheduler:
         validate_request(msg.input_ids, msg.params, self.limits, return_logprob=msg.return_logprob,
                          logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num)
 
-    def submit(self, msg: GenerateReq | AbortReq | FlushCacheReq | ControlCall) -> None:
+    def submit(self, msg: GenerateReq | AbortReq | ControlReq) -> None:
         """Thread-safe: messages are taken in at the start of the next step."""
         self.inbox.append(msg)
 
@@ -165,18 +157,8 @@ class Scheduler:
                 self._add_request(msg)
             elif isinstance(msg, AbortReq):
                 self._abort(msg.rid)
-            elif isinstance(msg, FlushCacheReq):
-                self.flush_cache()
-            elif isinstance(msg, ControlCall):
-                msg.run()
-
-    def fail_control_calls(self, error: BaseException) -> None:
-        """The step loop is gone: answer every queued control call with ``error``."""
-        while self.inbox:
-            msg = self.inbox.popleft()
-            if isinstance(msg, ControlCall):
-                msg.error = error
-                msg.done.set()
+            elif isinstance(msg, ControlReq):
+                self.sink(answer(self, msg))
 
     def _add_request(self, msg: GenerateReq) -> None:
         seed = self._seeds.getrandbits(63)
@@ -186,7 +168,7 @@ class Scheduler:
             self.validate(msg)
             req = Req.from_message(msg, seed, self.runner.device)
         except RequestError as exc:
-            self._refuse(msg, FinishReason.error(str(exc), 400))
+            self._refuse(msg, FinishReason.error(str(exc), status_of(exc)))
             return
         except Exception as exc:  # e.g. a seed the generator refuses: this request's error only
             logger.exception("could not take in request %s", msg.rid)
@@ -230,7 +212,7 @@ class Scheduler:
     def flush_cache(self) -> bool:
         """Drop every cached page; only possible while nothing runs. Open sessions lose their pins (they stay
         open; their next turn is computed again)."""
-        if self.running or self.waiting:
+        if self.running or self.waiting or self.launched:
             return False
         self.sessions.unpin_all()
         self.cache.reset()
@@ -253,6 +235,12 @@ class Scheduler:
     def step(self) -> bool:
         """Run one scheduling step; returns False when there was nothing to do."""
         started = time.perf_counter()
+        busy = self._step(started)
+        if busy:
+            self.step_latency.observe(time.perf_counter() - started)
+        return busy
+
+    def _step(self, started: float) -> bool:
         if self.launched is not None:
             if self._continue_launched(started):
                 return True

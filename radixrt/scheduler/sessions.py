@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from radixrt.messages import GenerateReq
-from radixrt.scheduler.validation import RequestError
+from radixrt.protocol.messages import GenerateReq
+from radixrt.protocol.errors import Conflict, NotFound, RequestError
 
 if TYPE_CHECKING:
     from radixrt.memory.radix_cache import RadixCache, TreeNode
@@ -89,7 +89,7 @@ class Sessions:
         elif not isinstance(session_id, str) or not session_id or len(session_id) > MAX_SESSION_ID_CHARS:
             raise RequestError(f"session_id must be a non-empty string of at most {MAX_SESSION_ID_CHARS} characters")
         if session_id in self.table:
-            raise RequestError(f"session {session_id!r} is already open")
+            raise Conflict(f"session {session_id!r} is already open")
         if len(self.table) >= self.max_open:
             raise RequestError(f"too many open sessions ({self.max_open}); close one first")
         self.table[session_id] = Session(session_id, capacity_of_str_len, time.monotonic())
@@ -114,7 +114,7 @@ class Sessions:
         params = msg.session
         session = self.table.get(params.id)
         if session is None:
-            raise RequestError(f"unknown session {params.id!r}: open it first (/open_session), or it was closed")
+            raise NotFound(f"unknown session {params.id!r}: open it first (/open_session), or it was closed")
         input_ids = msg.input_ids
         if params.rid is not None:
             record = session.records.get(params.rid)

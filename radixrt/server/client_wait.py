@@ -13,8 +13,8 @@ import asyncio
 
 from fastapi import Request
 
-from radixrt.scheduler.validation import RequestError
-from radixrt.server.tokenizer_manager import ReqState, RequestFailed, ServerDown, TokenizerManager
+from radixrt.client import Handle, raise_for_failures
+from radixrt.server.tokenizer_manager import TokenizerManager
 
 
 class ClientGone(Exception):
@@ -24,50 +24,34 @@ class ClientGone(Exception):
 class ClientWatch:
     """Watches one HTTP call's connection: the moment the client closes it, abort ``states`` and wake their waiter."""
 
-    def __init__(self, request: Request, tm: TokenizerManager, states: list[ReqState]) -> None:
+    def __init__(self, request: Request, tm: TokenizerManager, states: list[Handle]) -> None:
         self.gone = False
         self._task = asyncio.create_task(self._watch(request, tm, states))
 
-    async def _watch(self, request: Request, tm: TokenizerManager, states: list[ReqState]) -> None:
+    async def _watch(self, request: Request, tm: TokenizerManager, states: list[Handle]) -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
         self.gone = True
         tm.abort_unfinished(states)
-        states[0].event.set()
+        states[0].waker.wake()
 
     def close(self) -> None:
         self._task.cancel()
 
 
-async def wait_any(watch: ClientWatch | None, states: list[ReqState]) -> None:
+async def wait_any(watch: ClientWatch | None, states: list[Handle]) -> None:
     """Wait for new output on any of ``states``; raise ClientGone when the client has gone away."""
-    event = states[0].event
-    await event.wait()
-    event.clear()
+    await states[0].waker.wait()
     if watch is not None and watch.gone:
         raise ClientGone()
 
 
-async def wait_all(watch: ClientWatch, states: list[ReqState]) -> None:
+async def wait_all(watch: ClientWatch, states: list[Handle]) -> None:
     while not all(s.finished for s in states):
         await wait_any(watch, states)
 
 
-def raise_for_failures(states: list[ReqState]) -> None:
-    for s in states:
-        if s.error is not None and s.error != "aborted":
-            raise ServerDown(s.error)
-    for s in states:
-        message = s.request_error()
-        if message is not None:
-            raise RequestError(message)
-    for s in states:
-        message = s.server_error()
-        if message is not None:
-            raise RequestFailed(message)
-
-
-async def first_output(watch: ClientWatch, states: list[ReqState]) -> None:
+async def first_output(watch: ClientWatch, states: list[Handle]) -> None:
     """Before a stream's headers go out: wait for its first output, so runtime-side errors are still a 4xx."""
     while not any(s.finished or s.builder.output_ids for s in states):
         await wait_any(watch, states)
@@ -75,7 +59,7 @@ async def first_output(watch: ClientWatch, states: list[ReqState]) -> None:
         raise_for_failures(states)
 
 
-async def gather(request: Request, tm: TokenizerManager, states: list[ReqState], stream: bool) -> None:
+async def gather(request: Request, tm: TokenizerManager, states: list[Handle], stream: bool) -> None:
     """Wait until every state finished (or, for a stream, has its first output), aborting them if the client
     goes away meanwhile. After this a stream's disconnects are seen by its StreamingResponse."""
     watch = ClientWatch(request, tm, states)

@@ -1,58 +1,15 @@
-"""Prometheus text exposition for GET /metrics (no client library: counters, gauges and histograms).
-
-``Histogram`` is the one latency histogram of the server: the HTTP process keeps time to first token,
-inter-token latency and end-to-end latency in ``Metrics``; the scheduler process keeps its step latency
-(``STEP_BUCKETS``) and ships it in ``StatsOut`` as cumulative buckets, which ``render`` writes alike.
+"""Prometheus text exposition for GET /metrics (no client library: counters, gauges and histograms): the client's
+request metrics (``radixrt.metrics.RequestMetrics``) and the scheduler's stats with its step latency histogram
+(``StatsOut``, cumulative buckets), written alike.
 """
 
 from __future__ import annotations
 
-import bisect
 from typing import Any
 
-# Upper bounds (seconds) of the buckets: request latencies, and the scheduler's step latency.
-LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
-STEP_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+from radixrt.metrics import RequestMetrics
+
 PREFIX = "radixrt_"
-
-
-class Histogram:
-    """Counts per bucket (the last one past every bound), the sum and the count of the observed values."""
-
-    def __init__(self, buckets: list[float] = LATENCY_BUCKETS) -> None:
-        self.buckets = list(buckets)
-        self.counts = [0] * (len(buckets) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float, weight: int = 1) -> None:
-        """``weight`` observations of ``value`` at once."""
-        self.counts[bisect.bisect_left(self.buckets, value)] += weight
-        self.sum += value * weight
-        self.count += weight
-
-    def cumulative(self) -> list[int]:
-        """Prometheus's bucket counts: observations <= each bound (the +Inf bucket is ``count``)."""
-        out, total = [], 0
-        for c in self.counts[:-1]:
-            total += c
-            out.append(total)
-        return out
-
-
-class Metrics:
-    def __init__(self) -> None:
-        self.requests_received = 0
-        self.requests_finished = 0
-        self.requests_failed = 0  # rejected by validation (4xx)
-        self.requests_aborted = 0
-        self.requests_rejected = 0  # 503: queue full
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.cached_tokens = 0
-        self.ttft = Histogram()
-        self.itl = Histogram()
-        self.e2e = Histogram()
 
 
 def _histogram(lines: list[str], name: str, help_text: str, buckets: list[float], cumulative: list[int],
@@ -72,7 +29,7 @@ def _scalar(lines: list[str], kind: str, name: str, help_text: str, value: Any) 
     lines.append(f"{PREFIX}{name} {value}")
 
 
-def render(m: Metrics, stats, in_flight: int) -> str:
+def render(m: RequestMetrics, stats, in_flight: int) -> str:
     """``stats``: a StatsOut from the scheduler, or None when it could not be asked."""
     lines: list[str] = []
     counters = [

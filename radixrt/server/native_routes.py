@@ -3,7 +3,7 @@
 radixrt.scheduler.sessions; /generate's ``session_params`` names one).
 
 /generate takes the Engine's arguments (radixrt.server.native_protocol.GenerateBody) through the runtime's
-one request path (``TokenizerManager.prepare``, off the event loop) and answers the Engine's dict per request:
+one request path (the client's ``prepare``, off the event loop) and answers the Engine's dict per request:
 one dict for one prompt with n=1, else a list. A stream (one prompt, n=1) sends the whole dict so far at every
 wake-up, then ``[DONE]``. SGLang's other GenerateReqInput fields are checked by ``sglang_compat.check``.
 
@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 from typing import Any, AsyncIterator
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 import radixrt
-from radixrt.scheduler.validation import RequestError
+from radixrt.protocol.errors import RequestError
 from radixrt.server import sglang_compat
 from radixrt.server.client_wait import gather, wait_any
 from radixrt.server.http_common import (
@@ -36,7 +37,9 @@ from radixrt.server.http_common import (
 )
 from radixrt.server.model_card import model_card
 from radixrt.server.native_protocol import AbortBody, CloseSessionBody, GenerateBody, OpenSessionBody
-from radixrt.server.tokenizer_manager import ReqState, TokenizerManager
+from radixrt.client import Handle
+from radixrt.protocol.messages import CloseSessionReq, FlushCacheReq, OpenSessionReq, StatsReq
+from radixrt.server.tokenizer_manager import TokenizerManager
 
 
 def add_native_routes(app: FastAPI, tm: TokenizerManager) -> None:
@@ -54,12 +57,8 @@ def add_native_routes(app: FastAPI, tm: TokenizerManager) -> None:
 async def generate(tm: TokenizerManager, request: Request) -> Response:
     body = decode_request(await request.body(), GenerateBody)
     sglang_compat.check(body, sglang_compat.GENERATE)
-    prepared = await tm.off_loop(tm.prepare, body.text, body.sampling_dicts(), body.input_ids, body.return_logprob,
-                                 body.logprob_start_len, body.top_logprobs_num, body.priority, body.session_params)
-    rids = None if body.rid is None else ([body.rid] if isinstance(body.rid, str) else body.rid)
-    if body.stream and (prepared.batched or prepared.num_sequences != 1):
-        raise RequestError("stream=True takes one prompt with n=1")
-    states = tm.submit_all(prepared, rids)
+    prepared = await tm.off_loop(tm.prepare, body.generate_input())
+    states = tm.submit(prepared)
     with_text = body.return_text_in_logprobs and body.return_logprob
     await gather(request, tm, states, body.stream)
     if body.stream:
@@ -68,7 +67,7 @@ async def generate(tm: TokenizerManager, request: Request) -> Response:
     return json_response(results if prepared.batched or len(results) > 1 else results[0])
 
 
-def _result(tm: TokenizerManager, state: ReqState, with_text: bool) -> dict[str, Any]:
+def _result(tm: TokenizerManager, state: Handle, with_text: bool) -> dict[str, Any]:
     """The Engine's dict; ``with_text``: every logprob entry carries its token's text."""
     out = state.builder.to_dict()
     if with_text:
@@ -82,7 +81,7 @@ def _result(tm: TokenizerManager, state: ReqState, with_text: bool) -> dict[str,
     return out
 
 
-async def _stream(tm: TokenizerManager, state: ReqState, with_text: bool) -> AsyncIterator[bytes]:
+async def _stream(tm: TokenizerManager, state: Handle, with_text: bool) -> AsyncIterator[bytes]:
     while True:
         failure = failure_event([state])
         if failure is not None:
@@ -104,15 +103,15 @@ async def model_info(tm: TokenizerManager, request: Request) -> Response:
 
 
 async def get_server_info(tm: TokenizerManager, request: Request) -> Response:
-    out = await tm.stats()
+    out = await tm.call(StatsReq())
     info = tm.model_info
     return json_response({
         "model_path": info["model_path"],
         "served_model_name": info["served_model_name"],
         "server_args": tm.args.public_dict(),
         "model_info": tm.model_info,
-        "stats": tm.stats_dict(out),
-        "requests_in_flight": len(tm.states),
+        "stats": msgspec.structs.asdict(out.stats),
+        "requests_in_flight": tm.in_flight,
         "pids": {"server": os.getpid(), "scheduler": tm.ready.pid, "detokenizer": tm.detokenizer_ready.pid},
         "ipc_dir": tm.paths.folder,
         "version": radixrt.__version__,
@@ -120,7 +119,7 @@ async def get_server_info(tm: TokenizerManager, request: Request) -> Response:
 
 
 async def flush_cache(tm: TokenizerManager, request: Request) -> Response:
-    if await tm.flush_cache():
+    if (await tm.call(FlushCacheReq())).ok:
         return Response("Cache flushed.\n", media_type="text/plain")
     raise RequestError("cache not flushed: requests are in flight; retry when the server is idle")
 
@@ -128,14 +127,15 @@ async def flush_cache(tm: TokenizerManager, request: Request) -> Response:
 async def open_session(tm: TokenizerManager, request: Request) -> Response:
     """SGLang's /open_session: the session's id as a JSON string; 400 for an id already open."""
     body = decode_request(await request.body(), OpenSessionBody)
-    return json_response(await tm.open_session(body.capacity_of_str_len, body.session_id))
+    out = await tm.call(OpenSessionReq(body.capacity_of_str_len, body.session_id))
+    return json_response(out.session_id)
 
 
 async def close_session(tm: TokenizerManager, request: Request) -> Response:
     """SGLang's /close_session: 200 with an empty body, whether or not the session was open (as SGLang)."""
     body = decode_request(await request.body(), CloseSessionBody)
-    await tm.close_session(body.session_id)
-    return Response(status_code=200)
+    await tm.call(CloseSessionReq(body.session_id))
+    return Response(status_code=200, media_type="text/plain")
 
 
 async def abort_request(tm: TokenizerManager, request: Request) -> Response:

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from radixrt.server.tokenizer_manager import ReqState
+from radixrt.client import Handle
 from radixrt.tools.formats import ToolCallFormat
 from radixrt.tools.parser import ToolCall, ToolCallDelta, ToolCallStreamParser, parse_tool_calls
 
@@ -46,7 +46,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def usage_of(states: list[ReqState], n: int) -> dict[str, Any]:
+def usage_of(states: list[Handle], n: int) -> dict[str, Any]:
     """Prompt (and cached) tokens once per prompt, as SGLang counts them; completion tokens of every sample."""
     metas = [s.builder.meta for s in states]
     firsts = metas[::n]
@@ -150,13 +150,13 @@ class OpenAIAnswer:
         self.id = new_id("chatcmpl" if self.chat else "cmpl")
         self.created = now()
 
-    def body(self, states: list[ReqState]) -> dict[str, Any]:
+    def body(self, states: list[Handle]) -> dict[str, Any]:
         """The JSON answer once every request finished."""
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model,
                 "choices": [self.choice(i, s) for i, s in enumerate(states)], "usage": usage_of(states, self.n)}
 
-    def choice(self, index: int, state: ReqState, cursor: StreamCursor | None = None) -> dict[str, Any] | None:
+    def choice(self, index: int, state: Handle, cursor: StreamCursor | None = None) -> dict[str, Any] | None:
         """Choice ``index`` whole (no cursor), or what a stream has not sent yet (None: nothing new, or the
         choice ended). A stream's choice has a delta instead of a message and ``matched_stop`` only with its
         finish reason; the cursor moves past what it returns."""
@@ -189,7 +189,7 @@ class OpenAIAnswer:
             cursor.done = reason is not None
         return out
 
-    def _tool_choice(self, index: int, state: ReqState, cursor: StreamCursor | None) -> dict[str, Any] | None:
+    def _tool_choice(self, index: int, state: Handle, cursor: StreamCursor | None) -> dict[str, Any] | None:
         """``choice`` of a chat answer with tools: text that is a call becomes ``tool_calls``."""
         meta = state.builder.meta
         reason, matched = finish_reason(meta)
@@ -264,6 +264,6 @@ class OpenAIAnswer:
                                for i in range(count)])
         return None
 
-    def usage_chunk(self, states: list[ReqState]) -> dict[str, Any]:
+    def usage_chunk(self, states: list[Handle]) -> dict[str, Any]:
         """The last chunk of a stream that asked for usage."""
         return {**self.chunk([]), "usage": usage_of(states, self.n)}

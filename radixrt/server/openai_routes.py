@@ -2,7 +2,7 @@
 
 A call is decoded (radixrt.server.openai_protocol), checked without the tokenizer, then tokenized (the chat
 template, or each text prompt) off the event loop and handed to the runtime's one request path,
-``TokenizerManager.prepare`` (radixrt.requests.prepare: sampling params, the server's limits, every
+``TokenizerManager.prepare`` (the scheduler client's, radixrt.protocol.request.prepare: sampling params, the server's limits, every
 sequence validated), exactly as /generate is. ``n`` samples of each prompt become ``n`` requests; choice
 ``i`` is request ``i``. Answers and stream chunks are built by radixrt.server.openai_responses. Chat requests
 with tools are planned by radixrt.server.openai_tools (prompt, constraint) and their answers parsed into calls.
@@ -16,8 +16,9 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from radixrt.requests import Prepared
-from radixrt.scheduler.validation import RequestError
+from radixrt.client import Handle
+from radixrt.protocol.errors import RequestError
+from radixrt.protocol.request import GenerateInput, Prepared
 from radixrt.server import openai_protocol as oai
 from radixrt.server.client_wait import gather, wait_any
 from radixrt.server.http_common import (
@@ -32,7 +33,7 @@ from radixrt.server.http_common import (
 )
 from radixrt.server.openai_responses import OpenAIAnswer, StreamCursor, now
 from radixrt.server.openai_tools import ToolPlan, plan_tools, template_messages, tool_format
-from radixrt.server.tokenizer_manager import ReqState, TokenizerManager
+from radixrt.server.tokenizer_manager import TokenizerManager
 from radixrt.tokenizer import apply_chat_template
 from radixrt.tools.formats import ToolCallFormat
 
@@ -78,7 +79,7 @@ async def chat_completions(tm: TokenizerManager, tools: ServerTools, request: Re
     model = served_model(tm, req.model)
     messages = oai.check_chat(req, tm.args.max_messages, tm.args.max_tools, tm.client_limits)
     prepared, plan = await tm.off_loop(_prepare_chat, tm, tools, req, messages)
-    states = tm.submit_all(prepared, req.rids())
+    states = tm.submit(prepared)
     answer = OpenAIAnswer(chat=True, model=model, n=req.n, want_logprobs=req.logprobs, token_text=tm.token_text,
                           include_usage=_include_usage(req), tool_format=plan.fmt if plan is not None else None)
     return await _respond(request, tm, states, answer, req.stream)
@@ -89,7 +90,7 @@ async def completions(tm: TokenizerManager, request: Request) -> Response:
     model = served_model(tm, req.model)
     prompts = oai.check_completion(req)
     prepared = await tm.off_loop(_prepare_completion, tm, req, prompts)
-    states = tm.submit_all(prepared, req.rids())
+    states = tm.submit(prepared)
     echo = [await tm.off_loop(tm.tokenizer.decode, one) if req.echo else "" for one in prepared.ids
             for _ in range(req.n)]
     answer = OpenAIAnswer(chat=False, model=model, n=req.n, want_logprobs=req.logprobs is not None,
@@ -119,8 +120,9 @@ def _prepare_chat(tm: TokenizerManager, tools: ServerTools, req: oai.ChatComplet
     sampling = oai.sampling_dict(req, max_new)
     if plan is not None:
         sampling.update(plan.sampling_fields(req.skip_special_tokens))
-    prepared = tm.prepare(None, [sampling], [ids], return_logprob=bool(req.logprobs), top_logprobs_num=top,
-                          priority=req.priority, session_params=req.session_params)
+    prepared = tm.prepare(GenerateInput(input_ids=[ids], sampling_params=[sampling], return_logprob=bool(req.logprobs),
+                                        top_logprobs_num=top, priority=req.priority,
+                                        session_params=req.session_params, rid=req.rids()))
     return prepared, plan
 
 
@@ -130,19 +132,20 @@ def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompt
     for prompt in prompts:
         if isinstance(prompt, str):
             tm.client_limits.check_text(prompt)
-            prompt = tm.encode(prompt)
+            prompt = tm.tokenizer.encode(prompt)
         ids.append(prompt)
     max_new = oai.completion_max_new_tokens(req)
     sampling = [oai.sampling_dict(req, tm.max_new_tokens_default(len(one)) if max_new is None else max_new)
                 for one in ids]
-    return tm.prepare(None, sampling, ids, return_logprob=req.logprobs is not None,
-                      top_logprobs_num=req.logprobs or 0, priority=req.priority, session_params=req.session_params)
+    return tm.prepare(GenerateInput(input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs is not None,
+                                    top_logprobs_num=req.logprobs or 0, priority=req.priority,
+                                    session_params=req.session_params, rid=req.rids()))
 
 
 # ----- answers ----------------------------------------------------------------------------------------
 
 
-async def _respond(request: Request, tm: TokenizerManager, states: list[ReqState], answer: OpenAIAnswer,
+async def _respond(request: Request, tm: TokenizerManager, states: list[Handle], answer: OpenAIAnswer,
                    stream: bool) -> Response:
     await gather(request, tm, states, stream)
     if not stream:
@@ -150,7 +153,7 @@ async def _respond(request: Request, tm: TokenizerManager, states: list[ReqState
     return AbortOnCloseStream(_events(answer, states), lambda: tm.abort_unfinished(states))
 
 
-async def _events(answer: OpenAIAnswer, states: list[ReqState]) -> AsyncIterator[bytes]:
+async def _events(answer: OpenAIAnswer, states: list[Handle]) -> AsyncIterator[bytes]:
     """A stream's events: the opening chunk, one chunk per wake-up with what is new, then usage and [DONE]."""
     cursors = [StreamCursor() for _ in states]
     opening = answer.opening_chunk(len(states))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radixrt.scheduler.validation import RequestError
+from radixrt.protocol.errors import RequestError
 from radixrt.tools.formats import ToolCallFormat, choose_format, messages_for_template, template_supports_tools
 from radixrt.tools.spec import Tool, ToolChoice, parse_tool_choice, parse_tools
 

@@ -16,7 +16,9 @@ import radixrt
 from radixrt.server.http_common import encode_json, error_response, json_response, route
 from radixrt.server.metrics import render
 from radixrt.server.openapi import ApiLimits, build_openapi
-from radixrt.server.tokenizer_manager import ServerDown, TokenizerManager
+from radixrt.protocol.errors import RuntimeDown
+from radixrt.protocol.messages import StatsReq
+from radixrt.server.tokenizer_manager import TokenizerManager
 
 
 def add_ops_routes(app: FastAPI, tm: TokenizerManager, health: Callable[[], str | None]) -> None:
@@ -43,7 +45,7 @@ async def openapi(tm: TokenizerManager, built: list[bytes], request: Request) ->
 
 async def metrics(tm: TokenizerManager, request: Request) -> Response:
     try:
-        stats = await tm.stats(timeout=5.0)
-    except ServerDown:
+        stats = await tm.call(StatsReq(), timeout=5.0)
+    except RuntimeDown:
         stats = None
-    return Response(render(tm.metrics, stats, len(tm.states)), media_type="text/plain; version=0.0.4")
+    return Response(render(tm.metrics, stats, tm.in_flight), media_type="text/plain; version=0.0.4")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixrt.scheduler.validation import RequestError
+from radixrt.protocol.errors import RequestError
 
 
 def response_format_to_params(response_format: Any) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The scheduler process: owns the model, the KV page pool and the radix cache.
 
-Loop: take every message waiting on its PULL socket (requests, aborts, flush/stats queries), run one
-scheduler step, and push that step's token deltas to the detokenizer as one BatchTokenOut. When there is
+Loop: take every message waiting on its PULL socket (requests, aborts, control calls) into the scheduler, run
+one scheduler step, and push that step's token deltas to the detokenizer as one BatchTokenOut and the replies
+to control calls back to the HTTP process. When there is
 nothing to do it blocks on the socket (no spinning). It gets the machine's compute threads.
 Under tensor parallelism it is rank 0: it spawns the follower ranks (``LoadedModel.load``), checks them
 before every step and exits with code 1 when one died, which the launcher turns into the server's exit.
@@ -20,21 +21,9 @@ import time
 
 import zmq
 
-from radixrt.messages import (
-    AbortReq,
-    CloseSessionOut,
-    CloseSessionReq,
-    FlushCacheOut,
-    FlushCacheReq,
-    GenerateReq,
-    OpenSessionOut,
-    OpenSessionReq,
-    SchedulerReady,
-    StatsOut,
-    StatsReq,
-)
-from radixrt.server.ipc import ENCODER, IpcPaths, SchedulerInbound, decoder, die_with_parent, parent_alive
-from radixrt.server.metrics import STEP_BUCKETS, Histogram
+from radixrt.protocol.messages import ControlOut, SchedulerReady
+from radixrt.server.ipc import ENCODER, IpcPaths, SchedulerInbound, decoder
+from radixrt.procs import die_with_parent, parent_alive
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.scheduler_process")
@@ -63,7 +52,6 @@ class SchedulerProcess:
         self.decode = decoder(SchedulerInbound).decode
 
         self.scheduler = Scheduler(args, self.runner, self.tokenizer, self.eos_ids, self._sink, grammars)
-        self.histogram = Histogram(STEP_BUCKETS)
         self.running = True
         self.to_tokenizer.send(ENCODER.encode(SchedulerReady(
             pid=os.getpid(),
@@ -74,36 +62,9 @@ class SchedulerProcess:
             num_pages=self.runner.pool.num_pages,
         )))
 
-    def _sink(self, batch) -> None:
-        self.to_detokenizer.send(ENCODER.encode(batch))
-
-    def _handle(self, msg) -> None:
-        if isinstance(msg, (GenerateReq, AbortReq)):
-            self.scheduler.submit(msg)
-        elif isinstance(msg, StatsReq):
-            h = self.histogram
-            self.to_tokenizer.send(ENCODER.encode(StatsOut(
-                stats=self.scheduler.stats(), step_buckets=list(h.buckets), step_counts=h.cumulative(),
-                step_sum=h.sum, step_count=h.count)))
-        elif isinstance(msg, FlushCacheReq):
-            self.scheduler.step()  # take in anything queued before the flush (aborts, finished requests)
-            ok = self.scheduler.idle and self.scheduler.flush_cache()
-            self.to_tokenizer.send(ENCODER.encode(FlushCacheOut(ok=bool(ok))))
-        elif isinstance(msg, (OpenSessionReq, CloseSessionReq)):
-            from radixrt.scheduler.scheduler import ControlCall
-
-            # In the scheduler's inbox, after the requests queued before it: a close never overtakes them.
-            self.scheduler.submit(ControlCall(lambda: self._session_control(msg)))
-
-    def _session_control(self, msg) -> None:
-        if isinstance(msg, OpenSessionReq):
-            try:
-                out = OpenSessionOut(self.scheduler.open_session(msg.capacity_of_str_len, msg.session_id))
-            except ValueError as exc:
-                out = OpenSessionOut(None, str(exc))
-        else:
-            out = CloseSessionOut(self.scheduler.close_session(msg.session_id))
-        self.to_tokenizer.send(ENCODER.encode(out))
+    def _sink(self, msg) -> None:
+        """The scheduler's outbox: token deltas to the detokenizer, control replies to the HTTP process."""
+        (self.to_tokenizer if isinstance(msg, ControlOut) else self.to_detokenizer).send(ENCODER.encode(msg))
 
     def _drain(self, timeout_ms: int) -> bool:
         """Handle every waiting message, blocking up to ``timeout_ms`` for the first one."""
@@ -121,7 +82,7 @@ class SchedulerProcess:
             except Exception:  # a malformed frame is that frame's problem, not the server's
                 logger.exception("dropped a message the scheduler cannot decode")
                 continue
-            self._handle(msg)
+            self.scheduler.submit(msg)
 
     def run(self) -> None:
         busy = False
@@ -131,10 +92,7 @@ class SchedulerProcess:
             timeout = 0 if busy else (5 if not self.scheduler.idle else 1000)
             self._drain(timeout)
             self.loaded.check_ranks()
-            started = time.perf_counter()
             busy = self.scheduler.step()
-            if busy:
-                self.histogram.observe(time.perf_counter() - started)
             now = time.monotonic()
             if now - last_parent_check > 1.0:
                 last_parent_check = now

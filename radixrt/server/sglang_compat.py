@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixrt.sampling.compat_fields import Ignored, Rule, Unsupported, check_fields
-from radixrt.scheduler.validation import RequestError
+from radixrt.protocol.errors import RequestError
 
 ONE_MODEL = Ignored("a radixrt server serves one model")
 ONE_RANK = Ignored("a radixrt server is one data-parallel rank; the router picks the worker")

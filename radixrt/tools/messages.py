@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from radixrt.scheduler.validation import RequestError
+from radixrt.protocol.errors import RequestError
 
 if TYPE_CHECKING:
     from radixrt.tools.format_base import ToolCallFormat

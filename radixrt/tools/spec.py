@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixrt.scheduler.validation import RequestError
+from radixrt.protocol.errors import RequestError
 
 NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 EMPTY_PARAMETERS: dict = {"type": "object", "properties": {}}

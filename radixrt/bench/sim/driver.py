@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from radixrt.bench.sim.oracle import DeltaSink, SoloOracle, build_scheduler, generate_req, same_outcome
 from radixrt.bench.sim.workload import Knobs, SimRequest, Workload, generate
 from radixrt.bench.sim.world import World, load_world
-from radixrt.messages import AbortReq, FinishReason, FlushCacheReq
+from radixrt.protocol.messages import AbortReq, ControlReq, FinishReason, FlushCacheReq
 
 LATE_ABORT_STEPS = 5  # a "late" abort with k fires 5 * k + 1 steps after submission, whatever the state
 
@@ -147,7 +147,7 @@ class Simulation:
                 else:
                     self.armed[spec.rid] = spec.abort
         if self.step in self.workload.flush_steps:
-            self.scheduler.submit(FlushCacheReq())
+            self.scheduler.submit(ControlReq(id=self.step, body=FlushCacheReq()))
 
     def _fire_aborts(self) -> None:
         where = {r.rid: ("waiting", r) for r in self.scheduler.waiting}
@@ -225,7 +225,7 @@ class Simulation:
             cache.check([])
         except AssertionError as exc:
             raise SimFailure("invariant", f"idle: {exc}") from None
-        scheduler.submit(FlushCacheReq())
+        scheduler.submit(ControlReq(id=-1, body=FlushCacheReq()))
         self._step()
         if pool.num_free != pool.num_pages:
             raise SimFailure("leak", f"a flush while idle left {pool.num_pages - pool.num_free} pages in use")

@@ -18,7 +18,7 @@ import msgspec
 from radixrt.bench.sim.fake_runner import FakeRunner
 from radixrt.bench.sim.workload import Knobs, SimRequest
 from radixrt.bench.sim.world import World
-from radixrt.messages import BatchTokenOut, FinishReason, GenerateReq, ReqDelta
+from radixrt.protocol.messages import BatchTokenOut, ControlOut, FinishReason, GenerateReq, ReqDelta
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.server_args import ServerArgs
 
@@ -106,9 +106,13 @@ class DeltaSink:
         self.finished: dict[str, FinishReason] = {}
         self.problems: list[str] = []
         self.newly_finished: list[str] = []
+        self.replies: list[ControlOut] = []  # answers to control calls (flushes)
         self._emitted: list[tuple[ReqDelta, bytes]] = []
 
-    def __call__(self, batch: BatchTokenOut) -> None:
+    def __call__(self, batch: BatchTokenOut | ControlOut) -> None:
+        if isinstance(batch, ControlOut):
+            self.replies.append(batch)
+            return
         for delta in batch.deltas:
             if delta.rid in self.finished:
                 self.problems.append(f"{delta.rid}: a delta after its finish ({delta.finish_reason})")

@@ -1,0 +1,248 @@
+"""Every message that crosses a process (or thread) boundary, as msgspec structs.
+
+Client -> scheduler: GenerateReq, AbortReq, ControlReq (a control call: its ``body`` is one of ``Control``).
+Scheduler -> detokenizer: BatchTokenOut (one per scheduler step, every request that progressed).
+Detokenizer -> client: BatchStrOut. Scheduler -> client: ControlOut (the reply of the ControlReq with its id),
+and in server mode the start-up handshake (SchedulerReady, DetokenizerReady).
+A request's end travels as a FinishReason; SGLang's native ``meta_info.finish_reason`` is its ``to_dict()``.
+
+A new control call is a request struct added to ``Control`` and its reply struct added to ``ControlReply``
+here, a handler in the scheduler (``Scheduler.CONTROL``), and whatever calls ``SchedulerClient.call`` with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+from radixrt.sampling.params import SamplingParams
+
+
+class SessionParams(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's ``session_params``: the open session a request belongs to and where it continues from."""
+
+    id: str
+    rid: str | None = None  # continue after this earlier request of the session (its prompt + output)
+    offset: int | None = None  # keep only this many tokens of that request's context
+    replace: bool | None = None
+    drop_previous_output: bool | None = None
+
+
+class GenerateReq(msgspec.Struct, tag=True):
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs
+    top_logprobs_num: int = 0
+    stream: bool = False
+    grammar: tuple[str, str] | None = None  # (kind, spec) of a constrained request
+    priority: int | None = None  # SGLang's request priority (None: the default)
+    session: SessionParams | None = None
+
+
+class AbortReq(msgspec.Struct, tag=True):
+    rid: str
+
+
+
+class FinishReason(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Why a request ended.
+
+    ``stop``: an eos or stop token (``matched`` is its id), a stop string (``matched`` is the string) or the
+    grammar's end (``matched`` is None). ``length``: ``max_new_tokens`` or the context length. ``abort``: the
+    client's own abort (message "aborted", 499) or an error whose ``status_code`` says whose fault it was: 4xx
+    a request the runtime refused, 5xx a failure inside the runtime (no status code counts as 400).
+    """
+
+    type: Literal["stop", "length", "abort"]
+    matched: int | str | None = None
+    message: str | None = None
+    status_code: int | None = None
+
+    @classmethod
+    def stop(cls, matched: int | str | None = None) -> FinishReason:
+        return cls("stop", matched=matched)
+
+    @classmethod
+    def length(cls) -> FinishReason:
+        return cls("length")
+
+    @classmethod
+    def aborted(cls) -> FinishReason:
+        """The client's own abort: not an error."""
+        return cls("abort", message="aborted", status_code=499)
+
+    @classmethod
+    def error(cls, message: str, status_code: int) -> FinishReason:
+        return cls("abort", message=message, status_code=status_code)
+
+    @property
+    def is_error(self) -> bool:
+        """An abort the runtime raised: a refused request or a failure (a client's own abort is not)."""
+        return self.type == "abort" and self.message not in (None, "aborted")
+
+    @property
+    def is_server_error(self) -> bool:
+        """An error inside the runtime (5xx), not the request's fault."""
+        return self.is_error and (self.status_code or 400) >= 500
+
+    def to_dict(self) -> dict[str, Any]:
+        """SGLang's native form, key for key: ``{"type", "matched"}``, or ``{"type", "message", "status_code"}``
+        for an abort."""
+        if self.type == "abort":
+            return {"type": self.type, "message": self.message, "status_code": self.status_code}
+        return {"type": self.type, "matched": self.matched}
+
+
+# Logprob entries follow SGLang's native API: (logprob or None, token id).
+LogprobList = list[tuple[float | None, int]]
+
+
+class ReqDelta(msgspec.Struct):
+    """What one request produced in one step."""
+
+    rid: str
+    new_ids: list[int]
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    output_logprobs: LogprobList | None = None
+    output_top_logprobs: list[LogprobList] | None = None
+    input_logprobs: LogprobList | None = None  # sent once, with the first delta
+    input_top_logprobs: list[LogprobList] | None = None
+    # Sent with a request's first delta, so a detokenizer that never saw the request can render it.
+    stop: list[str] | None = None
+    skip_special_tokens: bool = True
+
+
+class BatchTokenOut(msgspec.Struct, tag=True):
+    deltas: list[ReqDelta]
+
+
+class StrDelta(msgspec.Struct):
+    rid: str
+    text: str  # new text since the previous delta
+    delta: ReqDelta
+
+
+class BatchStrOut(msgspec.Struct, tag=True):
+    outputs: list[StrDelta]
+
+
+class SchedulerStats(msgspec.Struct, tag=True):
+    num_running: int
+    num_waiting: int
+    pages_total: int
+    pages_free: int
+    pages_evictable: int
+    pages_protected: int
+    pages_private: int
+    cache_hit_tokens: int
+    cache_miss_tokens: int
+    partial_tokens_reused: int
+    evicted_pages: int
+    num_retractions: int  # running requests retracted under memory pressure
+    last_step_seconds: float
+    steps: int
+    jump_forwards: int = 0  # constrained decoding: jump-forwards applied
+    jump_forward_tokens: int = 0  # output tokens they added net (decode forward steps saved for those requests)
+    sessions_open: int = 0  # open sessions (radixrt.scheduler.sessions)
+    pages_pinned: int = 0  # KV pages sessions pin in the prefix cache (summed over sessions)
+    num_preemptions: int = 0  # running requests retracted to make room for a more urgent one
+
+
+# ----- control calls: each request with its reply, matched by ControlReq.id / ControlOut.id -------------
+
+
+class StatsReq(msgspec.Struct, tag=True):
+    pass
+
+
+class StatsOut(msgspec.Struct, tag=True):
+    """A scheduler snapshot plus its step latency histogram (cumulative Prometheus buckets)."""
+
+    stats: SchedulerStats
+    step_buckets: list[float]
+    step_counts: list[int]
+    step_sum: float
+    step_count: int
+
+
+class FlushCacheReq(msgspec.Struct, tag=True):
+    pass
+
+
+class FlushCacheOut(msgspec.Struct, tag=True):
+    ok: bool  # False: requests were in flight
+
+
+class OpenSessionReq(msgspec.Struct, tag=True):
+    """SGLang's /open_session: a session whose requests' contexts stay pinned in the prefix cache."""
+
+    capacity_of_str_len: int | None = None
+    session_id: str | None = None
+
+
+class OpenSessionOut(msgspec.Struct, tag=True):
+    session_id: str
+
+
+class CloseSessionReq(msgspec.Struct, tag=True):
+    session_id: str
+
+
+class CloseSessionOut(msgspec.Struct, tag=True):
+    closed: bool  # False: no such session was open
+
+
+class StartProfileReq(msgspec.Struct, tag=True):
+    """torch.profiler on the scheduler's thread, from its next step on."""
+
+
+class StopProfileReq(msgspec.Struct, tag=True):
+    trace_dir: str | None = None  # where to write a Chrome trace, if anywhere
+
+
+class ProfileOut(msgspec.Struct, tag=True):
+    """Each operator's self CPU seconds and calls while the profiler ran (empty for a start)."""
+
+    operators: dict[str, dict[str, float]]
+
+
+Control = Union[StatsReq, FlushCacheReq, OpenSessionReq, CloseSessionReq, StartProfileReq, StopProfileReq]
+ControlReply = Union[StatsOut, FlushCacheOut, OpenSessionOut, CloseSessionOut, ProfileOut]
+
+
+class ControlReq(msgspec.Struct, tag=True):
+    id: int
+    body: Control
+
+
+class ControlOut(msgspec.Struct, tag=True):
+    """The reply to ControlReq ``id``: ``body``, or ``error`` with the status an HTTP client would get."""
+
+    id: int
+    body: ControlReply | None = None
+    error: str | None = None
+    status_code: int = 500
+
+
+# ----- server mode: the start-up handshake (scheduler / detokenizer -> the HTTP process) ----------------
+
+
+class SchedulerReady(msgspec.Struct, tag=True):
+    """Sent once the model is loaded: what the HTTP process needs to validate requests itself."""
+
+    pid: int
+    model_info: dict  # Engine.get_model_info()'s dict
+    vocab_size: int
+    context_length: int
+    page_size: int
+    num_pages: int
+
+
+class DetokenizerReady(msgspec.Struct, tag=True):
+    pid: int
