@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from radixrt.messages import BatchTokenOut, GenerateReq, SessionParams
+from radixrt.protocol.messages import BatchTokenOut, GenerateReq, SessionParams
 from radixrt.sampling.params import SamplingParams
 from radixrt.server_args import ServerArgs
 from tiny_models import save_tiny_model
@@ -151,10 +151,10 @@ def test_rid_continuation_offset_and_drop_previous_output_build_the_prompt(tiny_
     h.assert_idle_pages()
 
 
-def test_unknown_session_or_rid_is_that_requests_400(tiny_llama):
+def test_unknown_session_or_rid_is_that_requests_4xx(tiny_llama):
     h = Harness(tiny_llama, num_pages=32)
     bad = h.gen([1, 2, 3], 3, sid("nope"))
-    assert bad["finish"].type == "abort" and bad["finish"].status_code == 400
+    assert bad["finish"].type == "abort" and bad["finish"].status_code == 404  # a session that is not there
     assert "unknown session" in bad["finish"].message
     s = h.sched.open_session(capacity_of_str_len=20)
     bad_rid = h.gen([1, 2, 3], 3, sid(s, rid="never"))
@@ -169,7 +169,7 @@ def test_unknown_session_or_rid_is_that_requests_400(tiny_llama):
     assert ok["finish"].type == "length" and len(ok["ids"]) == 3
     h.sched.close_session(s)
     closed = h.gen([1, 2, 3], 3, sid(s))
-    assert closed["finish"].status_code == 400
+    assert closed["finish"].status_code == 404
     h.assert_idle_pages()
 
 
@@ -228,7 +228,7 @@ def test_idle_sessions_time_out(tiny_llama):
     time.sleep(0.12)
     h.sched.step()
     assert h.sched.stats().sessions_open == 0 and h.sched.stats().pages_pinned == 0
-    assert h.gen([1, 2], 2, sid(s))["finish"].status_code == 400
+    assert h.gen([1, 2], 2, sid(s))["finish"].status_code == 404
     h.assert_idle_pages()
 
 
@@ -374,12 +374,12 @@ def test_http_session_routes(default_model_path):
         assert isinstance(session_id, str) and session_id
         assert http.post("/open_session", json={"capacity_of_str_len": 1000, "session_id": "s1"}).json() == "s1"
         dup = http.post("/open_session", json={"capacity_of_str_len": 1000, "session_id": "s1"})
-        assert dup.status_code == 400 and "already open" in dup.text
+        assert dup.status_code == 409 and "already open" in dup.text  # a clash with the server's state
         assert http.post("/open_session", json={"capacity_of_str_len": 0}).status_code == 400
         assert http.post("/open_session", json={"bogus": 1}).status_code == 400
         unknown = http.post("/generate", json={"text": "Hi", "sampling_params": GREEDY,
                                                "session_params": {"id": "nope"}})
-        assert unknown.status_code == 400 and "unknown session" in unknown.text
+        assert unknown.status_code == 404 and "unknown session" in unknown.text  # names what is not there
         first = http.post("/generate", json={"text": "Once upon a time", "sampling_params": GREEDY,
                                              "session_params": {"id": session_id}})
         assert first.status_code == 200, first.text
@@ -395,7 +395,7 @@ def test_http_session_routes(default_model_path):
         assert http.post("/close_session", json={}).status_code == 400
         after = http.post("/generate", json={"text": "Hi", "sampling_params": GREEDY,
                                              "session_params": {"id": session_id}})
-        assert after.status_code == 400
+        assert after.status_code == 404
         paths = http.get("/openapi.json").json()["paths"]
         assert "/open_session" in paths and "/close_session" in paths
         # the DSL over HTTP: same output with sessions, and the session closed afterwards
@@ -458,7 +458,7 @@ def test_openai_chat_agent_keeps_its_conversation_in_a_session(default_model_pat
         assert http.get("/get_server_info").json()["stats"]["pages_pinned"] > 0
         unknown = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
                                                           "max_tokens": 2, "session_params": {"id": "nope"}})
-        assert unknown.status_code == 400 and "unknown session" in unknown.text
+        assert unknown.status_code == 404 and "unknown session" in unknown.text
         completion = http.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 2,
                                                         "session_params": {"id": session_id}})
         assert completion.status_code == 200, completion.text

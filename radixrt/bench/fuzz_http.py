@@ -4,8 +4,10 @@
     python -m radixrt.bench.fuzz_http --url http://127.0.0.1:30000 --max-examples 100
 
 For every operation it sends ``--max-examples`` bodies that fit the schema (positive) and as many that break
-it (negative), one at a time, and checks: no 5xx answer, every answer within ``--timeout`` seconds (else a
-hang), and afterwards /health is 200 and a greedy /generate returns what it returned before the run.
+it (negative), one at a time, and checks: every one of schemathesis's checks on every answer (no 5xx, status
+codes, content types and bodies as the document declares them, negative data refused, positive data
+accepted, ...), every answer within ``--timeout`` seconds (else a hang), and afterwards /health is 200 and a
+greedy /generate returns what it returned before the run.
 Cases stay cheap: ``bounded_schema`` caps token counts, ``n``, top-logprobs and array lengths below the
 server's real bounds, and ``cap_cost`` gives a small token budget to bodies that leave it to the default.
 Prints the operations, cases tried, status-code counts, every 5xx (with a curl command) and every hang.
@@ -36,6 +38,7 @@ class FuzzReport:
     cases: int = 0
     statuses: Counter = field(default_factory=Counter)
     server_errors: list[str] = field(default_factory=list)  # a 5xx answer: status, curl, body
+    check_failures: list[str] = field(default_factory=list)  # any other schemathesis check that failed
     hangs: list[str] = field(default_factory=list)  # no answer within the timeout, or the connection failed
     healthy_after: bool = False
     same_output_after: bool = False
@@ -43,13 +46,15 @@ class FuzzReport:
 
     @property
     def ok(self) -> bool:
-        return not self.server_errors and not self.hangs and self.healthy_after and self.same_output_after
+        return (not self.server_errors and not self.check_failures and not self.hangs and self.healthy_after
+                and self.same_output_after)
 
     def render(self) -> str:
         lines = [f"operations ({len(self.operations)}): {', '.join(self.operations)}",
                  f"cases tried: {self.cases} in {self.seconds:.1f} s",
                  "status codes: " + ", ".join(f"{k}: {v}" for k, v in sorted(self.statuses.items())),
                  f"5xx answers: {len(self.server_errors)}", *("  " + e for e in self.server_errors),
+                 f"other check failures: {len(self.check_failures)}", *("  " + e for e in self.check_failures),
                  f"hangs: {len(self.hangs)}", *("  " + h for h in self.hangs),
                  f"healthy after: {self.healthy_after}; same greedy output after: {self.same_output_after}"]
         return "\n".join(lines)
@@ -82,8 +87,28 @@ def bounded_schema(doc: dict[str, Any], max_tokens: int = 4, max_items: int = 3,
             elif key in ("anyOf", "oneOf", "allOf", "items"):
                 cap(value, name)
 
-    for schema in doc["components"]["schemas"].values():
-        cap(schema)
+    for name, schema in doc["components"]["schemas"].items():
+        if not name.startswith("Error"):  # the bodies of answers keep their real bounds: only requests are capped
+            cap(schema)
+    # Positive cases keep to rules between fields that JSON Schema cannot say: a list of sampling params has one
+    # entry per prompt; best_of equals n ...
+    schemas = doc["components"]["schemas"]
+    params = schemas["GenerateBody"]["properties"]["sampling_params"]
+    params["anyOf"] = [b for b in params["anyOf"] if b.get("type") != "array"]
+    if "best_of" in schemas["CompletionRequest"]["properties"]:
+        schemas["CompletionRequest"]["properties"]["best_of"] = {"type": "null"}
+    # ... one rid per request (of n samples of each prompt); tools whose parameters are JSON schemas of objects (which a schema of schemas
+    # cannot pin down), and a tool_choice that names one of them
+    for name in ("GenerateBody", "CompletionRequest", "ChatCompletionRequest"):
+        schemas[name]["properties"]["rid"] = {"type": "null"}
+    schemas["ChatCompletionRequest"]["properties"]["tools"] = {"type": "null"}
+    schemas["ChatCompletionRequest"]["properties"]["tool_choice"] = {"type": "null"}
+    # ... a stream of one prompt with n = 1; one constraint at most, a regex that compiles, a JSON schema that parses
+    schemas["GenerateBody"]["properties"]["stream"] = {"const": False}
+    for name in ("SamplingParams", "CompletionRequest", "ChatCompletionRequest"):
+        for field in ("regex", "json_schema", "choices", "ebnf"):
+            if field in schemas[name]["properties"]:
+                schemas[name]["properties"][field] = {"type": "null"}
     return doc
 
 
@@ -118,6 +143,7 @@ def run_fuzz(url: str, max_examples: int = 10, timeout: float = 30.0, seed: int 
     import requests
     import schemathesis
     from schemathesis import GenerationMode
+    from schemathesis.checks import CHECKS
 
     report = FuzzReport()
     started = time.monotonic()
@@ -125,7 +151,10 @@ def run_fuzz(url: str, max_examples: int = 10, timeout: float = 30.0, seed: int 
         doc = client.get("/openapi.json").json()
         before = reference_output(client)
     config = schemathesis.Config.from_dict({"output": {"sanitization": {"enabled": False}}})
-    schema = schemathesis.openapi.from_dict(bounded_schema(doc), config=config)
+    # Positive cases come from a copy whose bounds keep them cheap; negative ones from the document itself, since
+    # a bound tighter than the server's would make it "accept invalid data" between the two.
+    schemas = {"positive": schemathesis.openapi.from_dict(bounded_schema(doc), config=config),
+               "negative": schemathesis.openapi.from_dict(doc, config=config)}
     session = requests.Session()
 
     def call(case) -> None:
@@ -140,11 +169,19 @@ def run_fuzz(url: str, max_examples: int = 10, timeout: float = 30.0, seed: int 
         if response.status_code >= 500:
             report.server_errors.append(f"{response.status_code} {case.as_curl_command(base_url=url)} -> "
                                         f"{response.text[:300]}")
+            return
+        try:
+            case.validate_response(response, checks=CHECKS.get_all())
+        except (Exception, BaseExceptionGroup) as exc:  # a failure (group) naming each check that failed
+            report.check_failures.append(f"{_failure_names(exc)}: {response.status_code} "
+                                         f"{case.as_curl_command(base_url=url)} -> {response.text[:200]}")
 
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        report.operations.append(f"{operation.method.upper()} {operation.path}")
-        for mode in modes:
+    for mode in modes:
+        for result in schemas[mode].get_all_operations():
+            operation = result.ok()
+            name = f"{operation.method.upper()} {operation.path}"
+            if name not in report.operations:
+                report.operations.append(name)
             try:
                 strategy = operation.as_strategy(generation_mode=GenerationMode(mode))
             except Exception:  # nothing to break in an operation without parameters or body
@@ -170,6 +207,12 @@ def run_fuzz(url: str, max_examples: int = 10, timeout: float = 30.0, seed: int 
             report.healthy_after = False
     report.seconds = time.monotonic() - started
     return report
+
+
+def _failure_names(exc: BaseException) -> str:
+    failures = getattr(exc, "exceptions", None) or [exc]
+    return "; ".join(sorted({f"{getattr(f, 'title', None) or type(f).__name__} ({str(getattr(f, 'message', '') or '')[:160]})"
+                             for f in failures}))
 
 
 def main(argv: list[str] | None = None) -> int:

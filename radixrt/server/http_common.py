@@ -1,8 +1,8 @@
 """What every route shares: JSON and server-sent-event bodies, OpenAI-style errors, and the exception mapping.
 
 Bodies are decoded with ``decode_request`` (msgspec structs, unknown fields refused, integers within 64
-bits). Every route is registered with ``route``, which runs it under ``error_response_for``: a request
-error is a 400 (404 for an unknown model), a full waiting queue or a dead runtime a 503, a failure inside
+bits where a field is typed, radixrt.server.json_numbers). Every route is registered with ``route``, which runs it under ``error_response_for``: a request
+error is a 400 (404 for an unknown model or session, 409 for a clash with the runtime's state), a full waiting queue or a dead runtime a 503, a failure inside
 the runtime while serving the request a 500, a client that went away 499, and anything unexpected a logged
 500 (the server goes on serving everyone else). Error bodies are OpenAI's shape:
 ``{"error": {"message", "type", "param", "code"}}``. A stream that fails after its headers went out ends
@@ -19,32 +19,17 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from radixrt.scheduler.validation import RequestError
+from radixrt.client import Handle
+from radixrt.protocol.errors import Conflict, NotFound, Overloaded, RequestError, RequestFailed, RuntimeDown
 from radixrt.server.client_wait import ClientGone
-from radixrt.server.tokenizer_manager import Overloaded, ReqState, RequestFailed, ServerDown
+from radixrt.server.json_numbers import big_int_path, integral_floats_as_ints
 
 logger = logging.getLogger("radixrt.http")
 _json = msgspec.json.Encoder()
 
 SSE_DONE = b"data: [DONE]\n\n"
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError", 503: "ServiceUnavailableError"}
 T = TypeVar("T")
-
-
-def _out_of_int64(value: Any, path: str = "$") -> str | None:
-    """The JSON path of the first integer outside the 64-bit range (the runtime's messages carry int64s)."""
-    stack = [(value, path)]
-    while stack:
-        node, where = stack.pop()
-        if isinstance(node, int) and not isinstance(node, bool):
-            if not INT64_MIN <= node <= INT64_MAX:
-                return where
-        elif isinstance(node, list):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
-        elif isinstance(node, dict):
-            stack.extend((v, f"{where}.{k}") for k, v in node.items())
-    return None
 
 
 def decode_request(body: bytes, kind: type[T]) -> T:
@@ -56,16 +41,17 @@ def decode_request(body: bytes, kind: type[T]) -> T:
         raw = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise RequestError(f"malformed JSON: {exc}") from None
-    where = _out_of_int64(raw)
-    if where is not None:
-        raise RequestError(f"invalid request: integer out of the 64-bit range - at `{where}`")
     try:
-        return msgspec.convert(raw, type=kind)
+        decoded = msgspec.convert(integral_floats_as_ints(raw), type=kind)
     except msgspec.ValidationError as exc:
         raise RequestError(f"invalid request: {exc}") from None
+    where = big_int_path(decoded, kind)
+    if where is not None:
+        raise RequestError(f"invalid request: integer out of the 64-bit range - at `{where}`")
+    return decoded
 
 
-class ModelNotFound(RequestError):
+class ModelNotFound(NotFound):
     """The request names a model this server does not serve (HTTP 404)."""
 
 
@@ -90,7 +76,7 @@ def sse(data: Any) -> bytes:
     return b"data: " + _json.encode(data) + b"\n\n"
 
 
-def failure_event(states: list[ReqState]) -> bytes | None:
+def failure_event(states: list[Handle]) -> bytes | None:
     """The error event of a stream whose runtime went down (503) or failed one of its requests (500)."""
     for state in states:
         if state.error is not None and state.error != "aborted":
@@ -117,13 +103,15 @@ class AbortOnCloseStream(StreamingResponse):
 
 def error_response_for(exc: Exception) -> Response:
     """The answer to an exception a route raised."""
-    if isinstance(exc, ModelNotFound):
+    if isinstance(exc, NotFound):
         return error_response(str(exc), 404)
+    if isinstance(exc, Conflict):
+        return error_response(str(exc), 409)
     if isinstance(exc, RequestError):
         return error_response(str(exc), 400)
     if isinstance(exc, Overloaded):
         return error_response(str(exc), 503)
-    if isinstance(exc, ServerDown):
+    if isinstance(exc, RuntimeDown):
         return error_response(f"the runtime is unavailable: {exc}", 503)
     if isinstance(exc, RequestFailed):
         return error_response(str(exc), 500)

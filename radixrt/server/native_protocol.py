@@ -7,7 +7,7 @@ them with ``sglang_compat.check``.
 
 The routes decode these, and /openapi.json is generated from them (radixrt.server.openapi), so the schema a
 client reads is the one the server enforces. A shape msgspec cannot type (one prompt or a batch of prompts
-under one key) is checked by the runtime's request path (radixrt.requests); its JSON schema is given here.
+under one key) is checked by the runtime's request path (radixrt.protocol.request); its JSON schema is given here.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Annotated
 
 import msgspec
 
+from radixrt.protocol.request import GenerateInput
 from radixrt.sampling.compat_fields import struct_fields
 from radixrt.sampling.params import SamplingParams
 from radixrt.server.sglang_compat import GENERATE
@@ -48,13 +49,20 @@ class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
         """The sampling params as the JSON-like dicts the runtime's request path takes."""
         return None if self.sampling_params is None else msgspec.to_builtins(self.sampling_params)
 
+    def generate_input(self) -> GenerateInput:
+        """The request object of the runtime's request path."""
+        return GenerateInput(text=self.text, input_ids=self.input_ids, sampling_params=self.sampling_dicts(),
+                             return_logprob=self.return_logprob, logprob_start_len=self.logprob_start_len,
+                             top_logprobs_num=self.top_logprobs_num, stream=self.stream, priority=self.priority,
+                             session_params=self.session_params, rid=self.rid)
+
 
 GenerateBody = msgspec.defstruct("GenerateBody", struct_fields(GENERATE), bases=(GenerateCore,),
                                  forbid_unknown_fields=True, kw_only=True, module=__name__)
 
 
 class AbortBody(msgspec.Struct, forbid_unknown_fields=True):
-    rid: str | None = None
+    rid: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     abort_all: bool = False
 
 

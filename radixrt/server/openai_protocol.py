@@ -2,7 +2,7 @@
 
 ``check_chat`` and ``check_completion`` refuse what the runtime does not serve (suffix, logit_bias, ...) and
 return the messages or prompts to tokenize; ``sampling_dict`` maps a request onto radixrt sampling params
-(SGLang's names), which then go through the runtime's own request path (radixrt.requests.prepare).
+(SGLang's names), which then go through the runtime's own request path (radixrt.protocol.request.prepare).
 Extensions accepted beside OpenAI's fields (as SGLang and vLLM do): top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, skip_special_tokens, stop_token_ids, regex, json_schema, rid (SGLang: the request id,
 one per sequence). SGLang's other extensions are declared from ``sglang_compat.OPENAI`` and checked by
@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from radixrt.sampling.compat_fields import struct_fields
-from radixrt.scheduler.validation import RequestError
+from radixrt.protocol.errors import RequestError
 from radixrt.server import sglang_compat
 from radixrt.server.response_format import response_format_to_params
 
@@ -59,8 +59,8 @@ class _Common(_SGLangExtras, forbid_unknown_fields=True, kw_only=True):
     regex: str | None = None
     json_schema: str | None = None
     rid: str | list[str] | None = None
-    priority: int | None = None  # SGLang's request priority (checked by radixrt.requests.prepare)
-    session_params: dict | None = None  # SGLang's session of the request (checked by radixrt.requests.prepare)
+    priority: int | None = None  # SGLang's request priority (checked by radixrt.protocol.request.prepare)
+    session_params: dict | None = None  # SGLang's session of the request (checked by radixrt.protocol.request.prepare)
 
     def rids(self) -> list[str] | None:
         return None if self.rid is None else ([self.rid] if isinstance(self.rid, str) else list(self.rid))
@@ -200,7 +200,7 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(messages):
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # an object is no role (and cannot be hashed)
             raise RequestError(f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}")
         content = m.get("content")
         if isinstance(content, list):

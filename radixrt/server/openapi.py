@@ -17,9 +17,10 @@ from typing import Any
 
 import msgspec
 
-from radixrt.requests import MAX_PRIORITY
+from radixrt.protocol.messages import SessionParams
+from radixrt.protocol.request import MAX_PRIORITY
 from radixrt.server import openai_protocol as oai
-from radixrt.server.http_common import INT64_MAX, INT64_MIN
+from radixrt.server.json_numbers import INT64_MAX, INT64_MIN
 from radixrt.server.native_protocol import AbortBody, CloseSessionBody, GenerateBody, OpenSessionBody
 
 REF = "#/components/schemas/{name}"
@@ -41,7 +42,7 @@ class ApiLimits:
 
     @classmethod
     def of_server(cls, context_length: int, vocab_size: int, client_limits: Any = None) -> "ApiLimits":
-        """``client_limits``: the server's per-request caps (radixrt.requests.ClientLimits), when it has them."""
+        """``client_limits``: the server's per-request caps (radixrt.protocol.limits.ClientLimits), when it has them."""
         caps = {name: getattr(client_limits, name, None)
                 for name in ("max_n", "max_prompt_chars", "max_stop_strings", "max_stop_string_chars")}
         return cls(context_length=context_length, vocab_size=vocab_size, **caps)
@@ -78,6 +79,7 @@ TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completio
 STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, oai.CompletionRequest, oai.ChatCompletionRequest,
            ErrorResponse]
 
+
 MESSAGE_SCHEMA = {
     "type": "object",
     "required": ["role"],
@@ -91,6 +93,9 @@ MESSAGE_SCHEMA = {
         ]},
         "name": {"type": "string"},
     },
+    # a tool result names the call it answers
+    "if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
+    "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string"}}},
 }
 
 
@@ -145,6 +150,14 @@ def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> N
                 branch.update(stop)
             for branch in _branches(props["stop"], ("array",)):
                 branch.update({"items": stop, **_max("maxItems", limits.max_stop_strings)})
+        if "rid" in props:  # request ids: non-empty strings, one or a list
+            for branch in _branches(props["rid"], ("string",)):
+                branch.update(RID)
+            for branch in _branches(props["rid"], ("array",)):
+                branch.update({"items": RID, "minItems": 1})
+        if "regex" in props:  # a pattern, so at least one character
+            for branch in _branches(props["regex"], ("string",)):
+                branch["minLength"] = 1
         if "stop_token_ids" in props:
             for branch in _branches(props["stop_token_ids"], ("array",)):
                 branch["items"] = {"type": "integer", **token}
@@ -161,8 +174,16 @@ def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> N
         branch.update({"items": prompt_text, "minItems": 1})
     ids = _token_ids(limits.vocab_size)
     generate["input_ids"]["anyOf"] = [ids, {"type": "array", "items": ids, "minItems": 1}, {"type": "null"}]
+    # exactly one of text and input_ids (the other absent or null)
+    components["GenerateBody"]["oneOf"] = [
+        {"required": [one], "properties": {one: {"not": {"type": "null"}}, other: {"type": "null"}}}
+        for one, other in (("text", "input_ids"), ("input_ids", "text"))]
+    # a rid to abort, or abort_all
+    components["AbortBody"]["anyOf"] = [{"required": ["rid"], "properties": {"rid": {"type": "string"}}},
+                                        {"required": ["abort_all"], "properties": {"abort_all": {"const": True}}}]
 
     completion = components["CompletionRequest"]["properties"]
+    completion["suffix"] = {"anyOf": [{"const": ""}, {"type": "null"}], "description": "not supported: empty or null"}
     _constrain(completion["logprobs"], {"minimum": 0, "maximum": limits.max_top_logprobs})
     completion["prompt"] = {"anyOf": [
         prompt_text,
@@ -174,8 +195,42 @@ def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> N
     chat = components["ChatCompletionRequest"]["properties"]
     _constrain(chat["top_logprobs"], {"minimum": 0, "maximum": limits.max_top_logprobs})
     chat["messages"] = {"type": "array", "items": MESSAGE_SCHEMA, "minItems": 1}
-    for name in ("GenerateBody", "SamplingParams", "CompletionRequest", "ChatCompletionRequest"):
-        _int64(components[name])
+    _, session = msgspec.json.schema_components([SessionParams], ref_template=REF)
+    components.update(session)
+    _constrain(components["SessionParams"]["properties"]["offset"], {"minimum": 0})
+    for name in ("GenerateBody", "CompletionRequest", "ChatCompletionRequest"):
+        components[name]["properties"]["session_params"] = {"anyOf": [{"$ref": REF.format(name="SessionParams")},
+                                                                      {"type": "null"}]}
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        components[name].update(_stream_options_need_stream())
+        components[name]["properties"]["response_format"] = {"anyOf": [RESPONSE_FORMAT, {"type": "null"}]}
+        # refused unless empty (radixrt applies no logit bias yet)
+        components[name]["properties"]["logit_bias"] = {"anyOf": [{"type": "object", "maxProperties": 0},
+                                                                  {"type": "null"}]}
+    chat["tool_choice"] = {"anyOf": [{"enum": ["none", "auto", "required"]}, TOOL_CHOICE, {"type": "null"}]}
+    chat_rules = components["ChatCompletionRequest"].setdefault("allOf", [])
+    chat_rules.append({"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+                       "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
+    for name, schema in components.items():
+        if not name.startswith("Error"):  # every request body: the server takes 64-bit integers only
+            _int64(schema)
+
+
+RID = {"type": "string", "minLength": 1}
+TOOL_CHOICE = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}
+RESPONSE_FORMAT = {"type": "object", "required": ["type"], "properties": {
+    "type": {"enum": ["text", "json_object", "json_schema", "regex"]},
+    "json_schema": {"type": "object"}, "regex": {"type": "string", "minLength": 1}},
+    "allOf": [{"if": {"properties": {"type": {"const": "json_schema"}}},
+               "then": {"required": ["json_schema"]}},
+              {"if": {"properties": {"type": {"const": "regex"}}}, "then": {"required": ["regex"]}}]}
+
+
+def _stream_options_need_stream() -> dict[str, Any]:
+    return {"if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+            "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
 
 
 def _json_body(name: str) -> dict[str, Any]:
@@ -186,7 +241,8 @@ def _responses(ok: dict[str, Any], *errors: int) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorResponse")}}}}
     out: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
     for code in errors:
-        out[str(code)] = {"description": {400: "bad request", 404: "unknown model", 405: "method not allowed",
+        out[str(code)] = {"description": {400: "bad request", 404: "unknown model or session", 405: "method not allowed",
+                                          409: "the session id is already open",
                                           503: "overloaded or the runtime is down"}[code], **error}
     return out
 
@@ -196,7 +252,8 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
     assert "SamplingParams" in components, "GenerateBody must reference SamplingParams"
     _apply_limits(components, limits)
     json_ok = {"application/json": {"schema": {}}}
-    stream_ok = {"application/json": {"schema": {}}, "text/event-stream": {"schema": {"type": "string"}}}
+    event = {"type": "object", "properties": {"data": {"type": "string"}}}  # each server-sent event
+    stream_ok = {"application/json": {"schema": {}}, "text/event-stream": {"schema": event}}
     text_ok = {"text/plain": {"schema": {"type": "string"}}}
 
     def get(summary: str, ok: dict[str, Any] = json_ok, *errors: int) -> dict[str, Any]:
@@ -207,7 +264,7 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
 
     flush = get("drop the prefix cache (refused while requests are in flight)", text_ok, 400, 503)
     paths = {
-        "/generate": {"post": post("generate (SGLang's native API)", "GenerateBody", stream_ok, 400, 503)},
+        "/generate": {"post": post("generate (SGLang's native API)", "GenerateBody", stream_ok, 400, 404, 503)},
         "/v1/completions": {"post": post("OpenAI completions", "CompletionRequest", stream_ok, 400, 404, 503)},
         "/v1/chat/completions": {"post": post("OpenAI chat completions", "ChatCompletionRequest", stream_ok,
                                               400, 404, 503)},
@@ -220,7 +277,7 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         "/flush_cache": {"get": flush, "post": flush},
         "/abort_request": {"post": post("abort one request by rid, or all", "AbortBody", json_ok, 400)},
         "/open_session": {"post": post("open a session (its requests' contexts stay pinned in the prefix cache); "
-                                       "returns its id as a JSON string", "OpenSessionBody", json_ok, 400, 503)},
+                                       "returns its id as a JSON string", "OpenSessionBody", json_ok, 400, 409, 503)},
         "/close_session": {"post": post("close a session (an unknown one too)", "CloseSessionBody",
                                         {"text/plain": {"schema": {"type": "string"}}}, 400, 503)},
         "/health": {"get": get("200 while every process is alive", json_ok, 503)},
