@@ -14,6 +14,9 @@
 //   values are rounded to bf16, as torch's bf16 flash attention rounds them, and two value rows at a time are
 //   interleaved into pairs, so the accumulator holds its dims in a fixed permutation, undone at the end;
 // - portable (every dtype and CPU): keys and values widened to fp32 as they load, q pre-scaled in fp32.
+// Pages are prefetched a few ahead (prefetch_rows): from DRAM the kernel otherwise ran at half its speed from cache.
+// Query rows of a request (its GQA group) or of a chunk's shared part go through a page in tiles of up to four,
+// which share each value row's load and unpack.
 // Layout as in torch_ref.py: caches are [num_pages, page_size, kv_heads, head_dim].
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -24,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bf16_pairs.h"
 #include "dtype_vec.h"
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
@@ -37,6 +41,7 @@ using radixrt::hsum;
 using radixrt::kLanes;
 using radixrt::load_floats;
 using radixrt::Vec;
+using radixrt::pairs::permuted_dim;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -140,29 +145,38 @@ inline Vec scores_fp32(const float* qf, const T* k, int64_t token_stride, int64_
   return s;
 }
 
-template <typename T, int kChunks>
-inline void accumulate_fp32(float* acc, float rescale, const float* p, const T* v, int64_t token_stride, int64_t n,
-                            int64_t head_dim) {
-  const Vec vrescale(rescale);
-  if constexpr (kChunks > 0) {  // the whole accumulator row in registers, each weight broadcast once
-    Vec r[kChunks];
-    for (int c = 0; c < kChunks; ++c) r[c] = Vec::loadu(acc + c * kLanes) * vrescale;
-    for (int64_t t = 0; t < n; ++t) {
-      const Vec w(p[t]);
-      const T* vt = v + t * token_stride;
-      for (int c = 0; c < kChunks; ++c) r[c] = at::vec::fmadd(w, load_floats(vt + c * kLanes), r[c]);
+// acc[r] = acc[r] * rescale[r] + sum_t p[r][t] v[t] for kRows rows side by side (each value converted once for
+// all of them); kRows is 1 unless kChunks is known.
+template <typename T, int kChunks, int kRows>
+inline void accumulate_fp32(RowState* const* rows, const float* rescale, const float (*p)[kLanes], const T* v,
+                            int64_t token_stride, int64_t n, int64_t head_dim) {
+  if constexpr (kChunks > 0) {  // the accumulator rows in registers, each value loaded once
+    Vec r[kRows][kChunks];
+    for (int i = 0; i < kRows; ++i) {
+      for (int c = 0; c < kChunks; ++c) r[i][c] = Vec::loadu(rows[i]->acc + c * kLanes) * Vec(rescale[i]);
     }
-    for (int c = 0; c < kChunks; ++c) r[c].store(acc + c * kLanes);
+    for (int64_t t = 0; t < n; ++t) {
+      const T* vt = v + t * token_stride;
+      for (int c = 0; c < kChunks; ++c) {
+        const Vec x = load_floats(vt + c * kLanes);
+        for (int i = 0; i < kRows; ++i) r[i][c] = at::vec::fmadd(Vec(p[i][t]), x, r[i][c]);
+      }
+    }
+    for (int i = 0; i < kRows; ++i) {
+      for (int c = 0; c < kChunks; ++c) r[i][c].store(rows[i]->acc + c * kLanes);
+    }
   } else {
+    static_assert(kRows == 1, "a run-time width takes one row at a time");
+    float* acc = rows[0]->acc;
     const int64_t chunks = head_dim / kLanes;
     for (int64_t c = 0; c < chunks; ++c) {
-      Vec r = Vec::loadu(acc + c * kLanes) * vrescale;
-      for (int64_t t = 0; t < n; ++t) r = at::vec::fmadd(Vec(p[t]), load_floats(v + t * token_stride + c * kLanes), r);
+      Vec r = Vec::loadu(acc + c * kLanes) * Vec(rescale[0]);
+      for (int64_t t = 0; t < n; ++t) r = at::vec::fmadd(Vec(p[0][t]), load_floats(v + t * token_stride + c * kLanes), r);
       r.store(acc + c * kLanes);
     }
     for (int64_t d = chunks * kLanes; d < head_dim; ++d) {
-      float x = acc[d] * rescale;
-      for (int64_t t = 0; t < n; ++t) x += p[t] * static_cast<float>(v[t * token_stride + d]);
+      float x = acc[d] * rescale[0];
+      for (int64_t t = 0; t < n; ++t) x += p[0][t] * static_cast<float>(v[t * token_stride + d]);
       acc[d] = x;
     }
   }
@@ -188,44 +202,62 @@ inline Vec scores_bf16(const c10::BFloat16* q, const c10::BFloat16* k, int64_t t
   return hsum_each(part) * Vec(scale);
 }
 
-// acc (permuted) = acc * rescale + sum_t p[t] v[t], with p rounded to bf16. Rows t and t+1 are interleaved
-// by 16-bit unpacks, which pair dims {0-3, 8-11, 16-19, 24-27} of each 32 in the low half of a vector and
-// {4-7, 12-15, 20-23, 28-31} in the high half; acc keeps that order (see unpermute).
-template <int kPairs>
-inline void accumulate_bf16(float* acc, float rescale, const float* p, const c10::BFloat16* v, int64_t token_stride,
-                            int64_t n) {
-  alignas(64) uint16_t weights[kLanes];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(weights),
-                     _mm512_cvtepi32_epi16(radixrt::detail::bf16_bits(Vec::loadu(p))));
-  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(weights);
-  const __m512 vrescale = _mm512_set1_ps(rescale);
-  __m512 lo[kPairs], hi[kPairs];
-  for (int c = 0; c < kPairs; ++c) {
-    lo[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 32 * c), vrescale);
-    hi[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + 32 * c + 16), vrescale);
+// acc[r] (permuted) = acc[r] * rescale[r] + sum_t p[r][t] v[t] for kRows rows, with p rounded to bf16. Value rows
+// t and t+1 are interleaved by 16-bit unpacks (once for all the rows), which pair dims {0-3, 8-11, 16-19, 24-27}
+// of each 32 in the low half of a vector and {4-7, 12-15, 20-23, 28-31} in the high half; acc keeps that order
+// (see permuted_dim).
+template <int kPairs, int kRows>
+inline void accumulate_bf16(RowState* const* rows, const float* rescale, const float (*p)[kLanes],
+                            const c10::BFloat16* v, int64_t token_stride, int64_t n) {
+  alignas(64) uint32_t pairs[kRows][kLanes / 2];
+  for (int i = 0; i < kRows; ++i) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[i]),
+                       _mm512_cvtepi32_epi16(radixrt::detail::bf16_bits(Vec::loadu(p[i]))));
+  }
+  __m512 lo[kRows][kPairs], hi[kRows][kPairs];
+  for (int i = 0; i < kRows; ++i) {
+    const __m512 vrescale = _mm512_set1_ps(rescale[i]);
+    for (int c = 0; c < kPairs; ++c) {
+      lo[i][c] = _mm512_mul_ps(_mm512_loadu_ps(rows[i]->acc + 32 * c), vrescale);
+      hi[i][c] = _mm512_mul_ps(_mm512_loadu_ps(rows[i]->acc + 32 * c + 16), vrescale);
+    }
   }
   for (int64_t t = 0; t < n; t += 2) {
-    const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[t / 2]));
     const c10::BFloat16* v0 = v + t * token_stride;
     for (int c = 0; c < kPairs; ++c) {
       const __m512i a = _mm512_loadu_si512(v0 + 32 * c);
       const __m512i b = t + 1 < n ? _mm512_loadu_si512(v0 + token_stride + 32 * c) : _mm512_setzero_si512();
-      lo[c] = _mm512_dpbf16_ps(lo[c], (__m512bh)_mm512_unpacklo_epi16(a, b), w);
-      hi[c] = _mm512_dpbf16_ps(hi[c], (__m512bh)_mm512_unpackhi_epi16(a, b), w);
+      const __m512bh even = (__m512bh)_mm512_unpacklo_epi16(a, b), odd = (__m512bh)_mm512_unpackhi_epi16(a, b);
+      for (int i = 0; i < kRows; ++i) {
+        const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[i][t / 2]));
+        lo[i][c] = _mm512_dpbf16_ps(lo[i][c], even, w);
+        hi[i][c] = _mm512_dpbf16_ps(hi[i][c], odd, w);
+      }
     }
   }
-  for (int c = 0; c < kPairs; ++c) {
-    _mm512_storeu_ps(acc + 32 * c, lo[c]);
-    _mm512_storeu_ps(acc + 32 * c + 16, hi[c]);
+  for (int i = 0; i < kRows; ++i) {
+    for (int c = 0; c < kPairs; ++c) {
+      _mm512_storeu_ps(rows[i]->acc + 32 * c, lo[i][c]);
+      _mm512_storeu_ps(rows[i]->acc + 32 * c + 16, hi[i][c]);
+    }
   }
 }
 #endif
 
-// where dim d of a row sits in the accumulator on the bf16 dot path
-inline int64_t permuted_dim(int64_t d) {
-  const int64_t base = d - d % 32, i = d % 32, lane = i / 8, within = i % 8;
-  return base + (within < 4 ? 0 : 16) + lane * 4 + within % 4;
+// Asks for a coming page's rows of one kv head, into L2, while this page is computed: its rows are strided
+// (the other heads lie between them) and a page holds too few for the hardware prefetcher to catch on. Cold
+// (30 layers' caches in turn), batch 64 at 232 keys took 1.3 ms a layer without it and 0.84 with it.
+template <typename T>
+inline void prefetch_rows(const T* first, int64_t rows, int64_t token_stride, int64_t head_dim) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const char* row = reinterpret_cast<const char*>(first + t * token_stride);
+    for (int64_t byte = 0; byte < head_dim * static_cast<int64_t>(sizeof(T)); byte += 64) {
+      __builtin_prefetch(row + byte, 0, 2);
+    }
+  }
 }
+
+constexpr int64_t kAhead = 3;  // pages ahead; 2 and 3 ran alike, 1 gained a tenth of what they do
 
 template <typename T>
 struct Args {
@@ -241,26 +273,63 @@ struct Args {
   int64_t num_chunks, max_chunk, shared_width;
 };
 
-// One query row over tokens [lo, hi) of one page of one kv head, a block of kLanes keys at a time.
-// kWidth: head_dim / lanes (portable) or head_dim / 32 (bf16 dot) when known at compile time, else 0.
-template <typename T, int kWidth, bool kBf16Dot>
-inline void attend_page(const float* qf, const T* q, float scale, RowState& row, const T* k_page, const T* v_page,
-                        int64_t lo, int64_t hi, int64_t token_stride, int64_t head_dim) {
-  alignas(64) float p[kLanes];
+// Query rows that a row tile holds side by side: as many as keep their accumulators in registers, at most four.
+template <int kWidth, bool kBf16Dot>
+constexpr int row_tile() {
+  constexpr int per_row = kBf16Dot ? 2 * kWidth : kWidth;  // accumulator vectors of one row
+  return per_row == 0 ? 1 : std::max(1, std::min(4, 16 / per_row));
+}
+
+// kRows query rows (`q`/`qf` their queries, `rows` their states) over tokens [lo, hi) of one page of one kv head,
+// a block of kLanes keys at a time. kWidth: head_dim / lanes (portable) or head_dim / 32 (bf16 dot) when known
+// at compile time, else 0.
+template <typename T, int kWidth, bool kBf16Dot, int kRows>
+inline void attend_rows(const float* const* qf, const T* const* q, float scale, RowState* const* rows,
+                        const T* k_page, const T* v_page, int64_t lo, int64_t hi, int64_t token_stride,
+                        int64_t head_dim) {
+  alignas(64) float p[kRows][kLanes];
+  float rescale[kRows];
   for (int64_t b = lo; b < hi; b += kLanes) {
     const int64_t n = std::min<int64_t>(kLanes, hi - b);
     const T* k = k_page + b * token_stride;
     const T* v = v_page + b * token_stride;
 #ifdef RADIXRT_BF16_DOT
     if constexpr (kBf16Dot) {
-      const float rescale = softmax_step<true>(row, scores_bf16<kWidth>(q, k, token_stride, n, scale), n, p);
-      accumulate_bf16<kWidth>(row.acc, rescale, p, v, token_stride, n);
+      for (int i = 0; i < kRows; ++i) {
+        rescale[i] = softmax_step<true>(*rows[i], scores_bf16<kWidth>(q[i], k, token_stride, n, scale), n, p[i]);
+      }
+      accumulate_bf16<kWidth, kRows>(rows, rescale, p, v, token_stride, n);
       continue;
     }
 #endif
-    const float rescale = softmax_step<!std::is_same_v<T, float>>(
-        row, scores_fp32<T, kWidth>(qf, k, token_stride, n, head_dim), n, p);
-    accumulate_fp32<T, kWidth>(row.acc, rescale, p, v, token_stride, n, head_dim);
+    for (int i = 0; i < kRows; ++i) {
+      rescale[i] = softmax_step<!std::is_same_v<T, float>>(
+          *rows[i], scores_fp32<T, kWidth>(qf[i], k, token_stride, n, head_dim), n, p[i]);
+    }
+    accumulate_fp32<T, kWidth, kRows>(rows, rescale, p, v, token_stride, n, head_dim);
+  }
+}
+
+// Rows j0 .. j0 + count - 1 of a work item over one page, in tiles of row_tile() rows.
+template <typename T, int kWidth, bool kBf16Dot>
+inline void attend_span(const float* qf, const T* const* q, float scale, RowState* state, int64_t j0, int64_t count,
+                        const T* k_page, const T* v_page, int64_t lo, int64_t hi, int64_t token_stride,
+                        int64_t head_dim) {
+  constexpr int kTile = row_tile<kWidth, kBf16Dot>();
+  const float* qfs[kTile];
+  RowState* rows[kTile];
+  int64_t j = j0;
+  for (; j + kTile <= j0 + count; j += kTile) {
+    for (int i = 0; i < kTile; ++i) {
+      qfs[i] = qf == nullptr ? nullptr : qf + (j + i) * head_dim;
+      rows[i] = state + j + i;
+    }
+    attend_rows<T, kWidth, kBf16Dot, kTile>(qfs, q + j, scale, rows, k_page, v_page, lo, hi, token_stride, head_dim);
+  }
+  for (; j < j0 + count; ++j) {
+    qfs[0] = qf == nullptr ? nullptr : qf + j * head_dim;
+    rows[0] = state + j;
+    attend_rows<T, kWidth, kBf16Dot, 1>(qfs, q + j, scale, rows, k_page, v_page, lo, hi, token_stride, head_dim);
   }
 }
 
@@ -296,28 +365,44 @@ void decode_kernel(const Args<T>& a) {
         }
       }
       std::fill(acc.begin(), acc.begin() + n * group * head_dim, 0.f);
-      auto walk = [&](int64_t j, const T* k_page, const T* v_page, int64_t lo, int64_t hi) {
-        attend_page<T, kWidth, kBf16Dot>(kBf16Dot ? nullptr : qf.data() + j * head_dim, qrow[j], a.scale, state[j],
-                                         k_page, v_page, lo, hi, token_stride, head_dim);
+      auto walk = [&](int64_t j0, int64_t count, const T* k_page, const T* v_page, int64_t lo, int64_t hi) {
+        attend_span<T, kWidth, kBf16Dot>(kBf16Dot ? nullptr : qf.data(), qrow.data(), a.scale, state.data(), j0,
+                                         count, k_page, v_page, lo, hi, token_stride, head_dim);
+      };
+      auto prefetch_page = [&](int64_t page, int64_t rows) {  // this kv head's first `rows` rows, K and V
+        const int64_t offset = page * page_stride + kh * head_dim;
+        prefetch_rows(a.k_cache + offset, rows, token_stride, head_dim);
+        prefetch_rows(a.v_cache + offset, rows, token_stride, head_dim);
       };
       const int64_t shared = a.rows && a.chunk_group[chunk] >= 0 ? a.chunk_group[chunk] : -1;
       if (shared >= 0) {
-        for (int64_t p = 0; p < a.shared_pages[shared]; ++p) {
-          const int64_t page = a.shared_table[shared * a.shared_width + p];
-          const T* k_page = a.k_cache + page * page_stride + kh * head_dim;
-          const T* v_page = a.v_cache + page * page_stride + kh * head_dim;
-          for (int64_t j = 0; j < n * group; ++j) walk(j, k_page, v_page, 0, page_size);
+        const int32_t* pages = a.shared_table + shared * a.shared_width;
+        const int64_t count = a.shared_pages[shared];
+        for (int64_t p = 1; p < std::min(count, kAhead); ++p) prefetch_page(pages[p], page_size);
+        for (int64_t p = 0; p < count; ++p) {
+          const T* k_page = a.k_cache + pages[p] * page_stride + kh * head_dim;
+          const T* v_page = a.v_cache + pages[p] * page_stride + kh * head_dim;
+          if (p + kAhead < count) prefetch_page(pages[p + kAhead], page_size);
+          walk(0, n * group, k_page, v_page, 0, page_size);
         }
       }
       for (int64_t i = 0; i < n; ++i) {
         const int64_t b = members[i], len = a.lens[b];
         const int64_t first = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
+        const int64_t first_page = first / page_size, pages = (len + page_size - 1) / page_size;
+        const int32_t* row_pages = a.table + b * a.table_width;
+        auto rows_of = [&](int64_t p) { return std::min(page_size, len - p * page_size); };
+        for (int64_t p = first_page + 1; p < std::min(pages, first_page + kAhead); ++p) {
+          prefetch_page(row_pages[p], rows_of(p));
+        }
         for (int64_t start = first - first % page_size; start < len; start += page_size) {
           const int64_t page = a.table[b * a.table_width + start / page_size];
           const int64_t lo = std::max(start, first) - start, hi = std::min(start + page_size, len) - start;
           const T* k_page = a.k_cache + page * page_stride + kh * head_dim;
           const T* v_page = a.v_cache + page * page_stride + kh * head_dim;
-          for (int64_t g = 0; g < group; ++g) walk(i * group + g, k_page, v_page, lo, hi);
+          const int64_t ahead = start / page_size + kAhead;
+          if (ahead < pages) prefetch_page(row_pages[ahead], rows_of(ahead));
+          walk(i * group, group, k_page, v_page, lo, hi);
         }
         for (int64_t g = 0; g < group; ++g) {
           const RowState& row = state[i * group + g];

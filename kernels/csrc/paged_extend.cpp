@@ -9,10 +9,10 @@
 // Values are packed per block of keys as pairs of keys ([8][D]: rows 2j and 2j+1 interleaved by 16-bit
 // unpacks, which leaves the dims of each 32 in a fixed permutation that the accumulators keep and the output
 // undoes), so one broadcast pair of a row's weights times a packed row gives 16 dims' partial sums.
-// A pair dot product multiplies two bf16 pairs exactly and adds both products in fp32: vdpbf16ps on CPUs with
-// AVX512-BF16, two FMAs on the widened halves on other AVX-512 CPUs, scalar code elsewhere (same arithmetic,
-// for the tests of every CPU; on those CPUs the runtime keeps torch's attention). The softmax is fp32, its
-// weights rounded to bf16 before they meet the values, as torch's bf16 flash attention rounds them.
+// A pair dot product multiplies two bf16 pairs exactly and adds both products in fp32 (bf16_pairs.h):
+// vdpbf16ps on CPUs with AVX512-BF16, two FMAs on other AVX-512 CPUs, scalar code elsewhere (for the tests of
+// every CPU; on those CPUs the runtime keeps torch's attention). The softmax is fp32, its weights rounded to bf16
+// before they meet the values, as torch's bf16 flash attention rounds them.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -22,78 +22,15 @@
 #include <limits>
 #include <vector>
 
+#include "bf16_pairs.h"
 #include "dtype_vec.h"
 
 namespace {
 
 using bf16 = c10::BFloat16;
+using namespace radixrt::pairs;
 constexpr int64_t kBlock = 16;  // keys a block holds
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// 16 fp32 lanes: one AVX-512 register, or an array the compiler vectorizes as it can.
-#if defined(CPU_CAPABILITY_AVX512)
-using F16 = __m512;
-inline F16 zeros() { return _mm512_setzero_ps(); }
-inline F16 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline void store16(float* p, F16 v) { _mm512_storeu_ps(p, v); }
-inline F16 scale16(F16 v, float s) { return _mm512_mul_ps(v, _mm512_set1_ps(s)); }
-inline F16 add16(F16 a, F16 b) { return _mm512_add_ps(a, b); }
-// acc + a.even * b.even + a.odd * b.odd per lane, a and b holding bf16 pairs (b broadcast from one pair)
-inline F16 dot2(F16 acc, __m512i a, uint32_t b_pair) {
-  const __m512i b = _mm512_set1_epi32(static_cast<int>(b_pair));
-#if defined(__AVX512BF16__)
-  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
-#else
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, high)), _mm512_castsi512_ps(_mm512_and_si512(b, high)), acc);
-  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), acc);
-#endif
-}
-inline F16 dot2(F16 acc, const uint32_t* a, uint32_t b_pair) { return dot2(acc, _mm512_loadu_si512(a), b_pair); }
-#else
-struct F16 {
-  float v[16];
-};
-inline F16 zeros() { return F16{}; }
-inline F16 load16(const float* p) {
-  F16 r;
-  std::memcpy(r.v, p, sizeof(r.v));
-  return r;
-}
-inline void store16(float* p, F16 x) { std::memcpy(p, x.v, sizeof(x.v)); }
-inline F16 scale16(F16 x, float s) {
-  for (float& e : x.v) e *= s;
-  return x;
-}
-inline F16 add16(F16 a, F16 b) {
-  for (int i = 0; i < 16; ++i) a.v[i] += b.v[i];
-  return a;
-}
-inline float high_half(uint32_t pair) {
-  const uint32_t bits = pair & 0xffff0000u;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-inline float low_half(uint32_t pair) { return high_half(pair << 16); }
-inline F16 dot2(F16 acc, const uint32_t* a, uint32_t b_pair) {
-  const float b_hi = high_half(b_pair), b_lo = low_half(b_pair);
-  for (int i = 0; i < 16; ++i) acc.v[i] = std::fma(low_half(a[i]), b_lo, std::fma(high_half(a[i]), b_hi, acc.v[i]));
-  return acc;
-}
-#endif
-
-inline uint32_t pair_at(const bf16* p) {
-  uint32_t pair;
-  std::memcpy(&pair, p, 4);
-  return pair;
-}
-
-// where dim d of a row sits in an accumulator row (the unpack order of the packed values)
-inline int64_t permuted_dim(int64_t d) {
-  const int64_t base = d - d % 32, i = d % 32, lane = i / 8, within = i % 8;
-  return base + (within < 4 ? 0 : 16) + lane * 4 + within % 4;
-}
 
 constexpr int64_t kMaxRows = 48;  // query rows a work item holds: three vectors of 16
 
@@ -130,6 +67,17 @@ const bf16 kZeroRow[256] = {};
 inline int64_t key_offset(const Args& a, int64_t b, int64_t kh, int64_t pos) {
   const int64_t page = a.table[b * a.table_width + pos / a.page_size];
   return ((page * a.page_size + pos % a.page_size) * a.kv_heads + kh) * a.head_dim;
+}
+
+// Asks for the keys and values [first, first + n) into L2 while the block before them is computed.
+inline void prefetch_block(const Args& a, int64_t b, int64_t kh, int64_t first, int64_t n) {
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t offset = key_offset(a, b, kh, first + t);
+    for (int64_t byte = 0; byte < a.head_dim * 2; byte += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(a.k_cache + offset) + byte, 0, 2);
+      __builtin_prefetch(reinterpret_cast<const char*>(a.v_cache + offset) + byte, 0, 2);
+    }
+  }
 }
 
 // Values of keys [first, first + n) as pairs of keys; missing keys are zero.
@@ -258,6 +206,7 @@ void attend_item(const Args& a, const Item& item, Scratch& w) {
   const int64_t lo = a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : 0;
   for (int64_t first = lo - lo % kBlock; first <= last_pos; first += kBlock) {
     const int64_t n = std::min(kBlock, last_pos + 1 - first);
+    if (first + kBlock <= last_pos) prefetch_block(a, b, kh, first + kBlock, std::min(kBlock, last_pos + 1 - first - kBlock));
     score_keys<kDim, kVecs>(a, b, kh, first, 0, n, w);
     score_keys<kDim, kVecs>(a, b, kh, first, 8, n, w);
     softmax_block<kVecs>(a, first, w);
