@@ -38,7 +38,7 @@ NO_EFFECT = frozenset({
 # SGLang options radixrt lacks that would change results: option -> the values that ask for nothing.
 UNSUPPORTED: Dict[str, tuple] = {
     "lora_paths": (None, [], {}), "enable_lora": (None, False), "quantization": (None,),
-    "speculative_algorithm": (None,), "chat_template": (None,), "is_embedding": (None, False),
+    "chat_template": (None,), "is_embedding": (None, False),
     "skip_tokenizer_init": (None, False), "kv_cache_dtype": (None, "auto"), "dp_size": (None, 1),
     "json_model_override_args": (None, "{}"), "tokenizer_mode": (None, "auto"), "load_format": (None, "auto"),
 }

@@ -45,6 +45,10 @@ class ResponseBuilder:
             self.first_token_time = time.perf_counter()
         self.meta.update(prompt_tokens=d.prompt_tokens, completion_tokens=d.completion_tokens,
                          cached_tokens=d.cached_tokens)
+        if d.spec_verify_ct:
+            self.meta.update(spec_verify_ct=d.spec_verify_ct, spec_draft_tokens=d.spec_draft_tokens,
+                             spec_accepted_tokens=d.spec_accepted_tokens,
+                             spec_accept_length=round((d.spec_accepted_tokens + d.spec_verify_ct) / d.spec_verify_ct, 4))
         if self.return_logprob:
             if d.input_logprobs is not None:
                 self.meta["input_token_logprobs"] = _entries(d.input_logprobs)

@@ -50,6 +50,17 @@ class ServerArgs:
     sessions_max_pages: int | None = field(default=None, metadata={"help": "KV pages all sessions may pin together; beyond it the least recently used sessions lose their pins (default: no cap; pins always yield to requests that need the room)"})
     session_timeout: float | None = field(default=None, metadata={"help": "close a session idle this many seconds (default: never)"})
     max_open_sessions: int = field(default=1024, metadata={"help": "open sessions at most (more are refused)"})
+    # ----- speculative decoding (docs/FEATURES.md) -----
+    speculative_algorithm: str | None = field(default=None, metadata={"help": "NGRAM: each decoding request drafts tokens from text the runtime has seen (the radix cache's continuation of its exact context, else n-gram matches in its own context and in recent requests) and the model verifies the draft in the same forward; the tokens are the same as without it (default: off)"})
+    speculative_num_draft_tokens: int = field(default=8, metadata={"help": "most draft tokens a request verifies in one step (the length adapts to how often its drafts are accepted)"})
+    speculative_ngram_min_match_window_size: int = field(default=1, metadata={"help": "fewest latest tokens an n-gram draft's match must share"})
+    speculative_ngram_max_match_window_size: int = field(default=12, metadata={"help": "most latest tokens compared when choosing among n-gram matches"})
+    speculative_ngram_capacity: int = field(default=262144, metadata={"help": "tokens of recent requests' prompts and outputs kept for n-gram drafts"})
+    disable_speculative_cache_drafts: bool = field(default=False, metadata={"help": "draft from n-gram matches only, never from continuations in the radix cache"})
+    speculative_ngram_min_bfs_breadth: int = field(default=1, metadata={"help": "SGLang's draft-tree breadth; radixrt drafts one chain, so this has no effect"})
+    speculative_ngram_max_bfs_breadth: int = field(default=10, metadata={"help": "SGLang's draft-tree breadth; radixrt drafts one chain, so this has no effect"})
+    speculative_ngram_match_type: str = field(default="BFS", metadata={"help": "SGLang's draft-tree shape (BFS or PROB); radixrt drafts one chain, so this has no effect"})
+    speculative_ngram_branch_length: int = field(default=18, metadata={"help": "SGLang's n-gram trie depth; radixrt matches whole recent texts, so this has no effect"})
     # ----- tensor parallelism (docs/SCALING.md) -----
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks: each holds 1/N of the heads and MLP (gloo on a CPU, NCCL on CUDA)"})
     nnodes: int = field(default=1, metadata={"help": "nodes the tensor-parallel ranks span (tp_size / nnodes ranks on each)"})
@@ -84,6 +95,14 @@ class ServerArgs:
             self.api_key = env.get("RADIXRT_API_KEY") or None
         if self.admin_api_key is None:
             self.admin_api_key = env.get("RADIXRT_ADMIN_API_KEY") or None
+        if self.speculative_algorithm is not None:
+            algorithm = self.speculative_algorithm.upper()
+            if algorithm != "NGRAM":
+                raise ValueError(f"speculative_algorithm {self.speculative_algorithm!r}: radixrt drafts without a "
+                                 "draft model, from text it has seen: NGRAM")
+            self.speculative_algorithm = "NGRAM"
+        if self.speculative_ngram_match_type.upper() not in ("BFS", "PROB"):
+            raise ValueError("speculative_ngram_match_type must be BFS or PROB")
 
     def public_dict(self) -> dict[str, Any]:
         """Every option, with the keys masked: what may be shown or logged."""

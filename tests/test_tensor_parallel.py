@@ -163,6 +163,23 @@ def test_tp2_replicates_a_single_kv_head_and_matches_tp1_over_cached_pages(tmp_p
             assert lps == pytest.approx(want_lps, abs=1e-4), call
 
 
+def test_tp2_speculative_decoding_matches_tp1(tmp_path, default_model_path):
+    """A verify step is one more batch for the ranks: the second request drafts its whole answer from the
+    first one's pages in the radix cache, and every rank verifies it."""
+    from radixrt import Engine
+
+    model = str(save_model(tmp_path / "tiny", default_model_path, kv_heads=2, vocab_size=49152, family="llama"))
+    params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    with Engine(model=model, dtype="float32", max_total_pages=64, log_interval=0) as engine:
+        want = engine.generate(input_ids=PROMPTS[0], sampling_params=params)["output_ids"]
+    with Engine(model=model, dtype="float32", tp_size=2, max_total_pages=64, log_interval=0,
+                speculative_algorithm="NGRAM") as engine:
+        first = engine.generate(input_ids=PROMPTS[0], sampling_params=params)
+        again = engine.generate(input_ids=PROMPTS[0], sampling_params=params)
+    assert first["output_ids"] == want and again["output_ids"] == want
+    assert again["meta_info"]["spec_accepted_tokens"] > 0
+
+
 def test_tp3_on_the_default_model_matches_tp1_with_a_third_of_the_kv_heads(default_tp1):
     from radixrt import Engine
 

@@ -116,6 +116,10 @@ class ReqDelta(msgspec.Struct):
     # Sent with a request's first delta, so a detokenizer that never saw the request can render it.
     stop: list[str] | None = None
     skip_special_tokens: bool = True
+    # Speculative decoding, so far: verify steps, draft tokens verified, draft tokens that became output.
+    spec_verify_ct: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):
@@ -152,6 +156,9 @@ class SchedulerStats(msgspec.Struct, tag=True):
     sessions_open: int = 0  # open sessions (radixrt.scheduler.sessions)
     pages_pinned: int = 0  # KV pages sessions pin in the prefix cache (summed over sessions)
     num_preemptions: int = 0  # running requests retracted to make room for a more urgent one
+    spec_verify_steps: int = 0  # speculative decoding: request verify steps
+    spec_draft_tokens: int = 0  # draft tokens verified
+    spec_accepted_tokens: int = 0  # draft tokens that became output
 
 
 # ----- control calls: each request with its reply, matched by ControlReq.id / ControlOut.id -------------

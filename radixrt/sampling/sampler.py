@@ -71,8 +71,14 @@ class SamplingBatch:
         return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name in tensors})
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Next token per row of ``logits`` ``[B, V]`` (already penalised and masked), on the logits' device."""
+def sample(logits: torch.Tensor, batch: SamplingBatch, generator_states: dict[int, torch.Tensor] | None = None
+           ) -> torch.Tensor:
+    """Next token per row of ``logits`` ``[B, V]`` (already penalised and masked), on the logits' device.
+
+    A seeded row draws one ``[V]`` vector of noise from its generator, rows in order (one generator may serve
+    several consecutive rows: a speculative verify step's). ``generator_states``, when given, receives each
+    seeded row's generator state after its draw, so a caller that uses fewer rows can rewind the generator to
+    where one token per used row leaves it."""
     if batch.all_greedy:
         return logits.argmax(dim=-1)
     batch = batch.to(logits.device)
@@ -89,6 +95,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         else:
             drawn = torch.empty(noise.shape[1], dtype=noise.dtype, device=generator.device)
             noise[row].copy_(drawn.exponential_(generator=generator))
+        if generator_states is not None:
+            generator_states[row] = generator.get_state()
     sampled = (probs / noise).argmax(dim=-1)
     return torch.where(batch.greedy, logits.argmax(dim=-1), sampled)
 

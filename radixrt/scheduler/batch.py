@@ -3,7 +3,9 @@
 A plan lists ``(request, n)``: the forward computes the next ``n`` tokens of ``req.fill_ids`` (from
 ``req.num_computed`` on). A decode computes one token; a prefill chunk more, within the chunked-prefill token
 budget, in admission order. The logits of a chunk's last token give the request's next token; prompt
-logprobs need the rows from their first position on.
+logprobs need the rows from their first position on. A decode with a speculative draft (``req.draft``,
+radixrt.scheduler.speculation) computes its last token and the draft, ``(req, 1 + len(draft))``, and needs
+every row.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ def plan_batch(running: list[Req], chunked_prefill_size: int, enable_mixed_chunk
 
 
 def logits_from(req: Req, n: int) -> int:
-    """First row of this chunk whose logits are needed (prompt logprobs start early)."""
+    """First row of this chunk whose logits are needed (prompt logprobs start early, a verify needs all)."""
+    if req.draft:
+        return 0
     if req.computes_prompt_logprobs:
         first_position = max(req.logprob_start_len - 1, 0)
         if first_position < req.num_computed + n:
@@ -48,6 +52,11 @@ def logits_from(req: Req, n: int) -> int:
 
 def build_forward_batch(plan: Plan, page_size: int, device: torch.device | str) -> ForwardBatch:
     """The forward's metadata; every planned request's pages must already cover its new tokens."""
-    chunks = [SeqChunk(req.fill_ids[req.num_computed : req.num_computed + n], req.num_computed, req.pages,
-                       logits_from(req, n)) for req, n in plan]
+    chunks = [SeqChunk(_tokens(req, n), req.num_computed, req.pages, logits_from(req, n)) for req, n in plan]
     return ForwardBatch.build(chunks, page_size, device)
+
+
+def _tokens(req: Req, n: int) -> list[int]:
+    if req.draft:
+        return req.fill_ids[req.num_computed :] + req.draft
+    return req.fill_ids[req.num_computed : req.num_computed + n]

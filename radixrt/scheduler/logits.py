@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 
 def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_size: int,
-                grammars: GrammarBackend | None) -> list[int]:
-    """One next token per row of ``logits`` (one row per request); logprobs of the raw logits."""
+                grammars: GrammarBackend | None, generator_states: dict[int, torch.Tensor] | None = None) -> list[int]:
+    """One next token per row of ``logits`` (one row per request, or per ``DraftRow`` of a verify step: the
+    request as it would be after that row's draft tokens); logprobs of the raw logits. ``generator_states``:
+    see ``sample``."""
     params = [r.params for r in reqs]
     raw = logits
     if any(r.return_logprob for r in reqs):  # logprobs are of the raw logits: penalise and mask a copy
@@ -40,7 +42,7 @@ def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_
         grammars.apply_masks(logits, [r.grammar for r in reqs])
         close_within_budget(logits, reqs)
     batch = SamplingBatch.build(params, vocab_size, [r.generator for r in reqs], device=logits.device)
-    tokens = sample(logits, batch)
+    tokens = sample(logits, batch, generator_states)
     token_ids = tokens.tolist()  # one device-to-host copy for the batch
     wants = [i for i, r in enumerate(reqs) if r.return_logprob]
     if wants:

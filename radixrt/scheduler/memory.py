@@ -14,6 +14,8 @@ given back, and advanced by the output step as the forward computes tokens.
   requests (the lowest priority first, then the fewest outputs), then allocate.
 - ``reserve_without_retraction`` does the same short of retracting (overlap scheduling: a step launched
   ahead of the previous one's tokens must not retract a request whose token is in flight).
+- ``grant_draft`` gives a speculative draft pages (free ones, then evicting cached pages no request holds;
+  never retracting nor unpinning), ``trim`` frees a request's pages past its next token (rejected drafts).
 - ``cache_prefix`` (after a prefill chunk) puts computed whole pages in the tree for others to share.
 - ``release`` (finish, abort, retraction, failed batch) inserts computed whole pages in the tree, frees the
   private pages the tree did not keep, unlocks the path and empties the table.
@@ -127,6 +129,26 @@ class Memory:
             return False
         self._allocate(plan)
         return True
+
+    def grant_draft(self, req: Req, num_tokens: int) -> int:
+        """Pages for up to ``num_tokens`` draft tokens after the request's next token (whose page is reserved);
+        returns how many draft tokens the request's pages now cover."""
+        need = math.ceil((req.num_computed + 1 + num_tokens) / self.page_size) - len(req.pages)
+        if need > 0:
+            short = need - self.pool.num_free
+            if short > 0:
+                self.cache.evict(short)
+            granted = min(need, self.pool.num_free)
+            if granted:
+                req.pages.extend(self.pool.alloc(granted))
+        return min(num_tokens, len(req.pages) * self.page_size - req.num_computed - 1)
+
+    def trim(self, req: Req) -> None:
+        """Free the request's private pages past the one its next token goes to (after a verify step)."""
+        keep = max(math.ceil((req.num_computed + 1) / self.page_size), req.num_tree_pages)
+        if len(req.pages) > keep:
+            self.pool.decref(req.pages[keep:])
+            del req.pages[keep:]
 
     def cache_prefix(self, req: Req) -> None:
         """After a prefill chunk: put the request's computed whole pages in the tree for others to share."""

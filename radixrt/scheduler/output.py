@@ -6,6 +6,11 @@ is checked against the grammar, stop tokens, stop strings and the length limits,
 what the grammar forces. ``process`` returns the requests that progressed (a token is due, or finished); the
 caller releases the finished ones' pages, then ``emit`` sends one ReqDelta per request, in one BatchTokenOut.
 
+A decode with a speculative draft (radixrt.scheduler.speculation) is verified instead: every row gives the
+token the request would have produced there, the draft's prefix that equals them is kept plus one token, and
+they are taken one by one (``take_token``), so finish checks, stop strings and jump-forward see each token
+as without speculation; the pages past the next token are freed.
+
 Faults stay with their request: an error while handling one request's output finishes it with a 500-coded
 abort (``finish_with_error``); a batch whose sampling fails is sampled row by row so only the culprits fail.
 
@@ -30,6 +35,7 @@ from radixrt.scheduler.request import Req
 if TYPE_CHECKING:
     from radixrt.constrained.grammar_backend import GrammarBackend
     from radixrt.scheduler.batch import Plan
+    from radixrt.scheduler.speculation import Speculator
 
 logger = logging.getLogger("radixrt.scheduler")
 JUMP_FORWARD_HOLD = 4
@@ -48,12 +54,17 @@ class OutputProcessor:
         self.sink = sink
         self.jump_forwards = 0
         self.jump_forward_tokens = 0  # output tokens jump-forward added, net
+        self.speculator: Speculator | None = None  # set by the scheduler when speculative decoding is on
 
     def process(self, plan: Plan, logits_rows: tuple[torch.Tensor, ...]) -> list[Req]:
         """Account for a forward's results; returns the requests that progressed, in plan order."""
         samplers: list[Req] = []
         last_rows: list[torch.Tensor] = []
+        verifies: list[tuple[Req, torch.Tensor]] = []
         for (req, n), rows in zip(plan, logits_rows):
+            if req.draft:
+                verifies.append((req, rows))
+                continue
             try:
                 if self._advance(req, n, rows):
                     samplers.append(req)
@@ -68,6 +79,8 @@ class OutputProcessor:
                     self.take_token(req, token)
                 except Exception as exc:
                     self.finish_with_error(req, exc, "checking its output")
+        if verifies:
+            self._verify(verifies)
         return [req for req, _ in plan if req.num_computed == req.total_len - 1 or req.finished]
 
     def finish_with_error(self, req: Req, error: Exception, doing: str) -> None:
@@ -110,8 +123,57 @@ class OutputProcessor:
                 tokens.append(None)
         return tokens
 
-    def _next_tokens(self, reqs: list[Req], logits: torch.Tensor) -> list[int]:
-        return next_tokens(reqs, logits, self.eos_ids, self.vocab_size, self.grammars)
+    def _next_tokens(self, reqs: list, logits: torch.Tensor, generator_states: dict | None = None) -> list[int]:
+        return next_tokens(reqs, logits, self.eos_ids, self.vocab_size, self.grammars, generator_states)
+
+    # ----- speculative verify steps -------------------------------------------------------------------
+
+    def _verify(self, verifies: list[tuple[Req, torch.Tensor]]) -> None:
+        """The token of every verify row of every request at once; if that fails, one request at a time."""
+        views = [self.speculator.rows(req) for req, _ in verifies]
+        states: dict[int, torch.Tensor] = {}
+        try:
+            flat = [row for rows in views for row in rows]
+            tokens = self._next_tokens(flat, torch.cat([rows for _, rows in verifies]), states)
+        except Exception as batch_error:
+            logger.warning("verifying a batch of %d drafts failed (%r); verifying them one by one", len(verifies),
+                           batch_error)
+            tokens = None
+        offset = 0
+        for (req, logits), rows in zip(verifies, views):
+            try:
+                if tokens is None:
+                    states = {}
+                    mine, first = self._next_tokens(rows, logits, states), 0
+                else:
+                    mine, first = tokens[offset : offset + len(rows)], offset
+                self._take_verified(req, mine, rows, states, first)
+            except Exception as exc:
+                self.finish_with_error(req, exc, "verifying its draft")
+            offset += len(rows)
+
+    def _take_verified(self, req: Req, tokens: list[int], rows: list, states: dict[int, torch.Tensor],
+                       first_row: int) -> None:
+        draft, start = req.draft, req.num_computed
+        agreed = 0
+        while agreed < len(draft) and tokens[agreed] == draft[agreed]:
+            agreed += 1
+        taken = 0
+        jump_forwards = self.jump_forwards
+        for j in range(agreed + 1):  # the agreed draft tokens, then the model's own
+            req.num_computed = start + 1 + j  # the K/V of the last token and of the first j draft tokens
+            if req.return_logprob:
+                req.pending_output_logprobs.extend(rows[j].pending_output_logprobs)
+                req.pending_output_top.extend(rows[j].pending_output_top)
+            taken += 1
+            self.take_token(req, tokens[j])
+            if req.finished or self.jump_forwards != jump_forwards:  # done, or the grammar rewrote the tail
+                break
+        if req.generator is not None and taken < len(rows):  # one draw per token taken, as without drafts
+            req.generator.set_state(states[first_row + taken - 1])
+        self.speculator.verified(req, agreed, taken)
+        if not req.finished:
+            self.memory.trim(req)
 
     def take_token(self, req: Req, token: int) -> None:
         """Append the sampled ``token``: finish checks, then jump-forward."""
@@ -193,6 +255,10 @@ class OutputProcessor:
                 cached_tokens=req.cached_tokens,
                 completion_tokens=len(req.output_ids),
             )
+            if req.spec is not None and req.spec.verify_steps:
+                delta.spec_verify_ct = req.spec.verify_steps
+                delta.spec_draft_tokens = req.spec.drafted
+                delta.spec_accepted_tokens = req.spec.accepted
             if req.num_sent == 0 and not req.input_logprobs_sent:
                 delta.stop = req.params.stop
                 delta.skip_special_tokens = req.params.skip_special_tokens

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from radixrt.constrained.grammar import Grammar
     from radixrt.constrained.matcher import GrammarMatcher
     from radixrt.memory.radix_cache import TreeNode
+    from radixrt.scheduler.speculation import SpecState
 
 
 @dataclass
@@ -51,6 +52,11 @@ class Req:
     num_retractions: int = 0
     arrival: float = 0.0
     priority: int = 0  # SGLang's request priority (by default a larger value is more urgent)
+    # Speculative decoding (radixrt.scheduler.speculation): this step's draft tokens, verified after the
+    # forward; the grammar's state before each verify row; the request's drafting state and counters.
+    draft: list[int] = field(default_factory=list)
+    draft_matchers: list[GrammarMatcher] | None = None
+    spec: SpecState | None = None
 
     @classmethod
     def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu") -> "Req":

@@ -4,8 +4,9 @@ Its parts, each with its own contract: ``admission`` (the waiting queue, policy 
 ``memory`` (the only code that changes a request's pages), ``batch`` (the plan and its ForwardBatch),
 ``output`` (sampling, finish checks, jump-forward, deltas; ``logits`` turns rows into tokens and logprobs),
 ``sessions`` (open sessions, ``session_params``, each session's pin on its latest context in the cache),
-``overlap`` (decode step N+1 launched before step N's tokens are read back; on CUDA by default), ``control``
-(the answers to control calls: stats, flush, sessions, profiling).
+``overlap`` (decode step N+1 launched before step N's tokens are read back; on CUDA by default), ``speculation``
+(draft tokens verified in the same forward; ``drafts`` finds them), ``control`` (the answers to control calls:
+stats, flush, sessions, profiling).
 This module takes messages in (``submit``, drained at the start of each step: requests, aborts and control
 calls, whose replies go to the sink like the token deltas), runs the step loop, moves requests between the
 queues and keeps the counters behind ``stats``.
@@ -55,6 +56,7 @@ from radixrt.scheduler.policy import POLICIES
 from radixrt.scheduler.profiler import StepProfiler
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.sessions import Sessions
+from radixrt.scheduler.speculation import Speculator
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -104,10 +106,16 @@ class Scheduler:
         self.memory.unpin = self.sessions.unpin_lru
         self.output = OutputProcessor(tokenizer, self.eos_ids, self.vocab_size, self.context_length, self.page_size,
                                       grammars, self.memory, sink)
+        self.speculator: Speculator | None = None
+        if args.speculative_algorithm is not None:
+            self.speculator = Speculator(args, self.cache, self.memory, self.context_length)
+            self.output.speculator = self.speculator
         self.inbox: deque[GenerateReq | AbortReq | ControlReq] = deque()
         self.running: list[Req] = []
         overlap_here = args.enable_overlap_schedule or runner.device.type == "cuda"
-        self.overlap = overlap_here and not args.disable_overlap_schedule and getattr(runner, "world", None) is None
+        # A verify step's tokens decide the next step's input: speculation steps one at a time.
+        self.overlap = (overlap_here and not args.disable_overlap_schedule and self.speculator is None
+                        and getattr(runner, "world", None) is None)
         self.launched: Launched | None = None  # the decode step in flight under overlap scheduling
         self.launched_steps = 0  # decode steps launched ahead of their tokens (overlap scheduling)
         self.steps = 0
@@ -262,6 +270,9 @@ class Scheduler:
             self.admission.take_back(req)
         if not plan:  # every planned request was retracted: their room is freed, the next step plans again
             return True
+        timed = self.speculator is not None and all(req.num_to_compute == 1 for req, _ in plan)
+        if self.speculator is not None:
+            plan = self.speculator.draft(plan)
         forward_started = time.perf_counter()
         try:
             batch = build_forward_batch(plan, self.page_size, self.runner.device)
@@ -279,6 +290,8 @@ class Scheduler:
                 logger.warning("launching a decode step failed; processing it synchronously", exc_info=True)
         if self.launched is None:
             self._finish_step(self.output.process(plan, logits.split(batch.logits_counts)))
+        if timed:  # a decode or verify step: its time teaches the speculator what a draft token costs
+            self.speculator.step_timed(plan, time.perf_counter() - started)
         self._end_step(plan, started)
         return True
 
@@ -350,6 +363,8 @@ class Scheduler:
         self.running.remove(req)
         self.memory.release(req)
         self.sessions.retired(req)  # a session's finished request: its context stays pinned in the cache
+        if self.speculator is not None:
+            self.speculator.retired(req)
 
     def _fail_batch(self, plan: Plan, error: Exception) -> None:
         """The forward of this batch failed: its requests end with a server error, the others go on."""
@@ -392,7 +407,13 @@ class Scheduler:
             jump_forward_tokens=self.output.jump_forward_tokens,
             sessions_open=len(self.sessions.table),
             pages_pinned=self.sessions.pinned_pages,
+            **(self._spec_stats() if self.speculator is not None else {}),
         )
+
+    def _spec_stats(self) -> dict[str, int]:
+        spec = self.speculator
+        return dict(spec_verify_steps=spec.verify_steps, spec_draft_tokens=spec.drafted,
+                    spec_accepted_tokens=spec.accepted)
 
     def _maybe_log(self) -> None:
         interval = self.args.log_interval
@@ -407,4 +428,8 @@ class Scheduler:
             self._step_tokens / (now - self._last_log), s.pages_total - s.pages_free, s.pages_total,
             s.pages_evictable, 100 * hit, s.num_retractions, s.num_preemptions,
         )
+        if self.speculator is not None and s.spec_verify_steps:
+            logger.info("speculative decoding: accept length %.2f, %d of %d draft tokens accepted (%.1f%%)",
+                        self.speculator.accept_length, s.spec_accepted_tokens, s.spec_draft_tokens,
+                        100 * s.spec_accepted_tokens / max(s.spec_draft_tokens, 1))
         self._last_log, self._step_tokens = now, 0

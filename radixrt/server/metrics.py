@@ -85,5 +85,18 @@ def _scheduler_metrics(lines: list[str], stats) -> None:
     _scalar(lines, "counter", "preemptions_total", "requests retracted to make room for a more urgent priority",
             s.num_preemptions)
     _scalar(lines, "counter", "steps_total", "scheduler steps run", s.steps)
+    _speculative_metrics(lines, s)
     _histogram(lines, "step_latency_seconds", "scheduler step latency (batch build, forward, sample)",
                stats.step_buckets, stats.step_counts, stats.step_sum, stats.step_count)
+
+
+def _speculative_metrics(lines: list[str], s) -> None:
+    """Speculative decoding's counters, acceptance length and rate (zero while it is off)."""
+    steps, drafted, accepted = s.spec_verify_steps, s.spec_draft_tokens, s.spec_accepted_tokens
+    _scalar(lines, "counter", "spec_verify_steps_total", "request verify steps (speculative decoding)", steps)
+    _scalar(lines, "counter", "spec_draft_tokens_total", "draft tokens verified", drafted)
+    _scalar(lines, "counter", "spec_accepted_tokens_total", "draft tokens accepted as output", accepted)
+    _scalar(lines, "gauge", "spec_accept_length", "mean tokens a verify step gives a request (accepted drafts + 1)",
+            round((accepted + steps) / steps, 6) if steps else 0.0)
+    _scalar(lines, "gauge", "spec_accept_rate", "accepted / verified draft tokens",
+            round(accepted / drafted, 6) if drafted else 0.0)

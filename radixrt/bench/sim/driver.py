@@ -48,6 +48,8 @@ class SeedResult:
     pages_leaked: int = 0
     jump_forwards: int = 0
     launched_steps: int = 0  # decode steps the overlap scheduler launched ahead of their tokens
+    spec_verify_steps: int = 0  # speculative decoding: request verify steps
+    spec_accepted_tokens: int = 0  # draft tokens that became output
     seconds: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)
 
@@ -129,6 +131,9 @@ class Simulation:
         self.result.evicted_pages = self.scheduler.cache.stats.evicted_pages
         self.result.jump_forwards = self.scheduler.jump_forwards
         self.result.launched_steps = self.scheduler.launched_steps
+        stats = self.scheduler.stats()
+        self.result.spec_verify_steps = stats.spec_verify_steps
+        self.result.spec_accepted_tokens = stats.spec_accepted_tokens
         self.result.aborts = sum(1 for r in self.sink.finished.values() if r.type == "abort")
         return self.result
 
@@ -251,7 +256,8 @@ class Simulation:
             elif reason.type not in ("stop", "length"):
                 raise SimFailure("finish", f"{rid}: finish reason {reason}")
             else:
-                solo = self.oracle.run(spec, self.prompts[rid], self.knobs.jump_forward, self.vocab_size)
+                solo = self.oracle.run(spec, self.prompts[rid], self.knobs.jump_forward, self.vocab_size,
+                                       self.knobs.copying)
                 problem = same_outcome(self.sink.outcome(rid), solo)
                 if problem:
                     raise SimFailure("mismatch", f"{rid}: {problem} (prompt {len(self.prompts[rid])} tokens)")
@@ -266,7 +272,8 @@ class Simulation:
         if message != "aborted" or spec.abort is None:
             raise SimFailure("unexpected-abort", f"{spec.rid}: {reason}")
         if emitted:
-            solo = self.oracle.run(spec, self.prompts[spec.rid], self.knobs.jump_forward, self.vocab_size)
+            solo = self.oracle.run(spec, self.prompts[spec.rid], self.knobs.jump_forward, self.vocab_size,
+                                   self.knobs.copying)
             if spec.grammar is not None and self.knobs.jump_forward:
                 # An abort sends the tokens held back for jump-forward as they are; run on, jump-forward
                 # may have re-tokenised them ("alpha beta " + "delta" -> "alpha beta" + " delta"): same text.

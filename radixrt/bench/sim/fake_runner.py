@@ -12,6 +12,10 @@ The KV pool is a real ``PagePool`` with a tiny layout (1 layer, 1 head, head_dim
    (and three punctuation tokens) share the mass with pseudo-random scores, eos gets a small chance, every
    other token sits far below. A wrong, stale or shared-by-mistake page changes the hash and so the tokens.
 
+With ``copying`` (to give speculative drafts something to find), a row whose prefix hash says so copies: the
+token that followed the latest earlier occurrence of the row's last token (read back from the KV as well)
+scores above every word.
+
 Everything is integer arithmetic until the final scores, so a row does not depend on the batch around it.
 ``kv_mismatches`` reads back what a request claims to have computed and compares it with its token ids:
 the simulation calls it after every step to catch corruption at the step it happens.
@@ -33,11 +37,14 @@ BASE = 1_000_003
 WORD_SCALE = 6.0  # word scores spread over [0, 6)
 EOS_SCORE_SHIFT = 0.06  # eos wins the argmax for roughly one prefix in a hundred
 FLOOR = -20.0  # every token that is neither a word nor eos
+COPY_SCORE = WORD_SCALE + 1.0  # a copied token's score, with ``copying``
+COPY_SHARE = (5, 8)  # with ``copying``: rows whose prefix hash modulo 8 is below 5 copy (when they can)
 
 
 class FakeRunner:
     def __init__(self, vocab_size: int, word_ids: list[int], eos_id: int, page_size: int, num_pages: int,
-                 context_length: int = 2048) -> None:
+                 context_length: int = 2048, copying: bool = False) -> None:
+        self.copying = copying
         self.config = SimpleNamespace(vocab_size=vocab_size)
         self.context_length = context_length
         self.device = torch.device("cpu")
@@ -85,7 +92,24 @@ class FakeRunner:
         hashes = prefix_hashes[owner[rows], positions[rows]]
         self.forwards += 1
         self.tokens += int(extend_lens.sum())
-        return self.logits_of(hashes)
+        logits = self.logits_of(hashes)
+        if self.copying:
+            self._copy(logits, stored[owner[rows], :, 0], positions[rows], hashes)
+        return logits
+
+    @staticmethod
+    def _copy(logits: torch.Tensor, ids: np.ndarray, last: np.ndarray, hashes: np.ndarray) -> None:
+        """Rows chosen by their hash copy what followed the latest earlier occurrence of their last token."""
+        span = np.arange(ids.shape[1])
+        rows = np.arange(len(last))
+        same = (ids == ids[rows, last][:, None]) & (span < last[:, None])
+        found = same.any(axis=1) & (hashes % COPY_SHARE[1] < COPY_SHARE[0])
+        if not found.any():
+            return
+        latest = ids.shape[1] - 1 - np.argmax(same[:, ::-1], axis=1)
+        chosen = rows[found]
+        copied = ids[chosen, latest[chosen] + 1].astype(np.int64)
+        logits[torch.from_numpy(chosen), torch.from_numpy(copied)] = COPY_SCORE
 
     def logits_of(self, hashes: np.ndarray) -> torch.Tensor:
         """Rows of logits for prefix hashes (one per row)."""

@@ -42,6 +42,7 @@ def server_args(knobs: Knobs, num_pages: int) -> ServerArgs:
         disable_partial_page_reuse=not knobs.partial_page_reuse,
         disable_jump_forward=not knobs.jump_forward,
         enable_overlap_schedule=knobs.overlap,
+        speculative_algorithm="NGRAM" if knobs.speculative else None,
         log_interval=0,
         **{seed_option: knobs.seed},
     )
@@ -50,7 +51,7 @@ def server_args(knobs: Knobs, num_pages: int) -> ServerArgs:
 def build_scheduler(world: World, knobs: Knobs, num_pages: int, sink: Callable[[BatchTokenOut], None],
                     vocab_size: int) -> tuple[Scheduler, FakeRunner]:
     runner = FakeRunner(vocab_size, world.word_ids + world.punctuation_ids, world.eos_id,
-                        knobs.page_size, num_pages)
+                        knobs.page_size, num_pages, copying=knobs.copying)
     args = server_args(knobs, num_pages)
     scheduler = Scheduler(args, runner, world.tokenizer, world.eos_ids, sink, world.grammars(knobs.jump_forward))
     return scheduler, runner
@@ -149,20 +150,24 @@ class SoloOracle:
         self.memo: dict[tuple, Outcome] = {}
         self.runs = 0
 
-    def run(self, spec: SimRequest, prompt: list[int], jump_forward: bool, vocab_size: int) -> Outcome:
-        """``vocab_size``: the logits' width in the run compared (sampling noise is drawn over the whole row)."""
+    def run(self, spec: SimRequest, prompt: list[int], jump_forward: bool, vocab_size: int,
+            copying: bool = False) -> Outcome:
+        """``vocab_size``: the logits' width in the run compared (sampling noise is drawn over the whole row);
+        ``copying``: the fake model's (the solo run never speculates)."""
         key = (tuple(prompt), msgspec.json.encode(spec.params), spec.grammar, spec.return_logprob,
-               spec.logprob_start_len, spec.top_logprobs_num, jump_forward, vocab_size)
+               spec.logprob_start_len, spec.top_logprobs_num, jump_forward, vocab_size, copying)
         outcome = self.memo.get(key)
         if outcome is None:
-            outcome = self.memo[key] = self._run(spec, prompt, jump_forward, vocab_size)
+            outcome = self.memo[key] = self._run(spec, prompt, jump_forward, vocab_size, copying)
         return outcome
 
-    def _run(self, spec: SimRequest, prompt: list[int], jump_forward: bool, vocab_size: int) -> Outcome:
+    def _run(self, spec: SimRequest, prompt: list[int], jump_forward: bool, vocab_size: int,
+             copying: bool) -> Outcome:
         self.runs += 1
         num_pages = math.ceil((len(prompt) + spec.params.max_new_tokens) / SOLO_PAGE_SIZE) + 4
         knobs = Knobs(page_size=SOLO_PAGE_SIZE, radix_cache=False, partial_page_reuse=False,
-                      chunked_prefill_size=len(prompt) + spec.params.max_new_tokens + 1, jump_forward=jump_forward)
+                      chunked_prefill_size=len(prompt) + spec.params.max_new_tokens + 1, jump_forward=jump_forward,
+                      copying=copying)
         sink = DeltaSink()
         scheduler, _ = build_scheduler(self.world, knobs, num_pages, sink, vocab_size)
         scheduler.submit(generate_req(spec, prompt))

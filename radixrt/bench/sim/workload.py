@@ -58,6 +58,8 @@ class Knobs:
     flushes: bool = True
     priorities: bool = False
     overlap: bool = False  # the overlap scheduler (decode step N+1 launched before step N is read back)
+    speculative: bool = False  # speculative decoding (NGRAM drafts verified in the scheduler's batches)
+    copying: bool = False  # the fake model often copies earlier text (so drafts get accepted), solo runs too
 
     @classmethod
     def from_seed(cls, seed: int, **overrides) -> "Knobs":
@@ -85,6 +87,8 @@ class Knobs:
         # Drawn apart, so that adding the knob left every other knob of a seed as it was.
         knobs = knobs.replace(priorities=random.Random(f"priorities-{seed}").random() < 0.5,
                               overlap=random.Random(f"overlap-{seed}").random() < 0.5)
+        speculative = random.Random(f"speculative-{seed}").random() < 0.5
+        knobs = knobs.replace(speculative=speculative, copying=speculative)
         return knobs.replace(**overrides)
 
     def replace(self, **changes) -> "Knobs":

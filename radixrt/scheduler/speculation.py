@@ -1,0 +1,280 @@
+"""Speculative decoding in the scheduler's own batches: draft, verify, keep what the model agrees with.
+
+``--speculative-algorithm NGRAM`` turns it on. Each step, ``draft`` gives every decoding request that may
+speculate a draft (``radixrt.scheduler.drafts``: the radix cache's continuation of its exact context, else
+the longest suffix match in its own context or in recent requests' text), as long as the request's adaptive
+length allows and pages can be had without retracting anyone; the plan entry ``(req, 1)`` becomes
+``(req, 1 + len(req.draft))``. The forward computes the last token and the draft together, one logits row
+each; ``OutputProcessor`` then verifies (``rows`` gives each row's view of the request).
+
+Verification: row i's token is the one the request would have produced, without speculation, after the
+first i draft tokens (penalties, bans, grammar masks and sampling as for any token; the grammar state of row
+i comes from checking the draft against the grammar at draft time, which also cuts the draft at the first
+token the grammar refuses). The draft's longest prefix equal to those tokens is accepted, plus the next row's
+token: ``accepted + 1`` tokens per verify step, taken one by one through the usual finish checks.
+
+Sampled requests keep their distribution and their tokens: a seeded row draws its noise from the request's
+generator in row order, and after verification the generator is rewound to where one draw per *used* row
+leaves it, so the k-th output token always meets the k-th draw, speculation on or off. Accepting a draft
+token exactly when the sampled token equals it is the standard rejection rule for a draft that is a point
+mass (accepted with probability p(d); otherwise a token from p without d), coupled to the same draws.
+
+Pages: a draft's tokens get pages like any others (free pages, then evicting cached pages no request holds);
+after verification the pages past the next token's are freed at once (``Memory.trim``).
+
+Adaptation: each request keeps an estimate of how often its drafts' tokens are accepted (decayed counts
+with a prior) and drafts the length that maximises expected tokens per unit of cost. The cost of a draft token
+comes from the steps themselves (``StepCost``: a decode or verify step's time fitted as ``a + b * tokens``):
+one more token costs ``b`` against a request's share ``(a + b * batch) / batch`` of a decode step, which is
+little at batch 1 (a step reads every weight once whatever it computes) and more in a large batch on a small
+CPU. A request whose drafts keep failing stops drafting and probes again as its estimate relaxes towards the
+prior. A greedy request trusts a continuation from the radix cache more: the whole context matched, so the
+model wrote those very tokens after it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixrt.scheduler.drafts import ContextIndex, History, Match, cache_continuation
+from radixrt.scheduler.memory import Memory
+from radixrt.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from radixrt.constrained.matcher import GrammarMatcher
+    from radixrt.memory.radix_cache import RadixCache
+    from radixrt.sampling.params import SamplingParams
+    from radixrt.scheduler.batch import Plan
+    from radixrt.server_args import ServerArgs
+
+logger = logging.getLogger("radixrt.scheduler")
+
+ALGORITHMS = ("NGRAM",)
+# One more token in a step as a fraction of a request's share of a decode step, until steps of different
+# sizes have been timed.
+DEFAULT_TOKEN_COST = 0.1
+MIN_GAIN = 1.02  # a draft must promise this many tokens per unit of cost, relative to plain decoding
+PRIOR_ACCEPTED, PRIOR_REJECTED = 1.0, 1.0  # the acceptance estimate starts at one half
+DECAY = 0.8  # weight of earlier verify steps in the estimate
+RELAX = 0.95  # per step without a draft: the estimate's counts shrink towards the prior
+CACHE_RATE = 0.9  # acceptance assumed, at least, for a greedy request's continuation of its exact context
+
+
+@dataclass
+class SpecState:
+    """One request's speculation: its context index, acceptance estimate and counters."""
+
+    index: ContextIndex
+    accepted_weight: float = 0.0
+    rejected_weight: float = 0.0
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens that became output
+    verify_steps: int = 0
+
+    @property
+    def rate(self) -> float:
+        return (self.accepted_weight + PRIOR_ACCEPTED) / (
+            self.accepted_weight + self.rejected_weight + PRIOR_ACCEPTED + PRIOR_REJECTED)
+
+
+@dataclass(slots=True)
+class DraftRow:
+    """A request as it stands after the first ``i`` draft tokens: what ``next_tokens`` reads for verify row i."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    return_logprob: bool
+    top_logprobs_num: int
+    generator: torch.Generator | None
+    grammar: GrammarMatcher | None
+    pending_output_logprobs: list = field(default_factory=list)
+    pending_output_top: list = field(default_factory=list)
+
+
+def best_length(rate: float, cap: int, token_cost: float) -> int:
+    """The draft length (0..cap) with the most expected tokens per unit of cost, for tokens each accepted with
+    probability ``rate`` until the first rejection, each draft token costing ``token_cost`` of a decode."""
+    best, best_value = 0, MIN_GAIN
+    expected, term = 1.0, 1.0
+    for k in range(1, cap + 1):
+        term *= rate
+        expected += term  # 1 + rate + ... + rate**k
+        value = expected / (1.0 + token_cost * k)
+        if value > best_value:
+            best, best_value = k, value
+    return best
+
+
+class StepCost:
+    """Decode and verify steps' times fitted as ``a + b * tokens`` by least squares, older steps forgotten."""
+
+    FORGET = 0.98  # weight of a step one step older
+    MIN_SPREAD = 0.25  # weighted variance of the token counts below which the slope is not trusted
+
+    def __init__(self) -> None:
+        self.sums = [0.0] * 5  # weights, tokens, seconds, tokens^2, tokens * seconds
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        f = self.FORGET
+        w, x, y, xx, xy = self.sums
+        self.sums = [f * w + 1, f * x + tokens, f * y + seconds, f * xx + tokens * tokens, f * xy + tokens * seconds]
+
+    def token_cost(self, batch: int) -> float:
+        """One more token, as a fraction of one request's share of a decode step of ``batch`` requests."""
+        w, x, y, xx, xy = self.sums
+        if w < 2 or xx / w - (x / w) ** 2 < self.MIN_SPREAD:
+            return DEFAULT_TOKEN_COST
+        slope = (w * xy - x * y) / (w * xx - x * x)
+        intercept = (y - slope * x) / w
+        slope = max(slope, 0.0)
+        if intercept <= 0:
+            return 1.0  # time grows with every token: drafts only where acceptance is near certain
+        return slope * batch / (intercept + slope * batch)
+
+
+class Speculator:
+    def __init__(self, args: ServerArgs, cache: RadixCache, memory: Memory, context_length: int) -> None:
+        if args.speculative_algorithm not in ALGORITHMS:
+            raise ValueError(f"speculative_algorithm must be one of {', '.join(ALGORITHMS)}; "
+                             f"got {args.speculative_algorithm!r}")
+        self.max_draft = args.speculative_num_draft_tokens
+        self.min_window = args.speculative_ngram_min_match_window_size
+        self.max_window = args.speculative_ngram_max_match_window_size
+        if self.max_draft < 1:
+            raise ValueError("speculative_num_draft_tokens must be >= 1")
+        if not 1 <= self.min_window <= self.max_window:
+            raise ValueError("speculative n-gram match windows need 1 <= min <= max")
+        if args.speculative_ngram_capacity < 1:
+            raise ValueError("speculative_ngram_capacity must be >= 1")
+        self.cache = cache
+        self.memory = memory
+        self.page_size = memory.page_size
+        self.context_length = context_length
+        self.from_cache = not args.disable_speculative_cache_drafts and not cache.disabled
+        self.history = History(args.speculative_ngram_capacity, self.min_window, self.max_window)
+        self.drafted = 0
+        self.accepted = 0
+        self.verify_steps = 0
+        self.sources: dict[str, int] = {"cache": 0, "context": 0, "history": 0}  # drafts by source
+        self.cost = StepCost()
+
+    # ----- drafting ------------------------------------------------------------------------------------
+
+    def draft(self, plan: Plan) -> Plan:
+        """Extend the plan's decode entries by drafts (pages already reserved for their next tokens)."""
+        out: Plan = []
+        token_cost = self.cost.token_cost(len(plan))
+        for req, n in plan:
+            if n == 1 and req.num_to_compute == 1 and not req.finished:
+                try:
+                    n += self._draft(req, token_cost)
+                except Exception:  # a draft is an optimisation: this request decodes one token instead
+                    logger.exception("drafting for request %s failed", req.rid)
+                    req.draft, req.draft_matchers = [], None
+            out.append((req, n))
+        return out
+
+    def _draft(self, req: Req, token_cost: float) -> int:
+        room = min(req.params.max_new_tokens - len(req.output_ids), self.context_length - req.total_len) - 1
+        if room < 1:
+            return 0
+        state = req.spec
+        tokens = req.fill_ids
+        if state is None:
+            state = req.spec = SpecState(ContextIndex(self.min_window, self.max_window))
+        state.index.sync(tokens, len(req.prompt_ids) + req.num_sent)
+        limit = min(self.max_draft, room)
+        # Where even the longest n-gram draft would not pay, only the radix cache's continuation is looked for.
+        ngrams_pay = best_length(state.rate, limit, token_cost) > 0
+        match = self._match(req, tokens, limit, ngrams_pay)
+        length = 0
+        if match is not None:
+            trusted = match.source == "cache" and req.params.greedy  # the same context: the same tokens
+            rate = max(state.rate, CACHE_RATE) if trusted else state.rate
+            length = best_length(rate, min(len(match.tokens), limit), token_cost)
+        if length == 0:
+            if not ngrams_pay:  # the estimate relaxes towards the prior: drafts are tried again later
+                state.accepted_weight *= RELAX
+                state.rejected_weight *= RELAX
+            return 0
+        draft = match.tokens[:length]
+        matchers = None
+        if req.grammar is not None:
+            draft, matchers = _check_against_grammar(req.grammar, draft)
+        length = self.memory.grant_draft(req, len(draft))
+        if length < 1:
+            return 0
+        req.draft = draft[:length]
+        req.draft_matchers = matchers[: length + 1] if matchers is not None else None
+        self.sources[match.source] += 1
+        return length
+
+    def _match(self, req: Req, tokens: list[int], limit: int, ngrams: bool) -> Match | None:
+        if self.from_cache and req.node is not None:
+            tree_tokens = req.num_tree_pages * self.page_size
+            continuation = cache_continuation(req.node, tokens[tree_tokens:], self.page_size, limit)
+            if continuation:
+                return Match(continuation, len(tokens), "cache")
+        if not ngrams:
+            return None
+        own = req.spec.index.match(limit)
+        other = self.history.match(tokens[-self.max_window:], limit)
+        if other is not None and (own is None or other.length > own.length):
+            return other
+        return own
+
+    # ----- verification ---------------------------------------------------------------------------------
+
+    def rows(self, req: Req) -> list[DraftRow]:
+        """The request's view at each of its verify rows (row i: after the first i draft tokens)."""
+        draft = req.draft
+        matchers = req.draft_matchers
+        return [DraftRow(req.params, req.prompt_ids, req.output_ids + draft[:i], req.return_logprob,
+                         req.top_logprobs_num, req.generator, matchers[i] if matchers is not None else None)
+                for i in range(len(draft) + 1)]
+
+    def verified(self, req: Req, agreed: int, taken: int) -> None:
+        """Account for a verify step: the model agreed with ``agreed`` draft tokens; ``taken`` tokens were
+        appended (fewer than ``agreed + 1`` when the request finished on the way)."""
+        state, drafted = req.spec, len(req.draft)
+        used = min(agreed, taken)
+        state.drafted += drafted
+        state.accepted += used
+        state.verify_steps += 1
+        self.drafted += drafted
+        self.accepted += used
+        self.verify_steps += 1
+        state.accepted_weight = DECAY * state.accepted_weight + agreed
+        state.rejected_weight = DECAY * state.rejected_weight + (agreed < drafted)
+        req.draft, req.draft_matchers = [], None
+
+    def step_timed(self, plan: Plan, seconds: float) -> None:
+        """A step that decoded or verified only (no prefill chunk) took ``seconds``."""
+        self.cost.observe(sum(n for _, n in plan), seconds)
+
+    def retired(self, req: Req) -> None:
+        """A finished request: its text joins the history other requests draft from."""
+        if req.output_ids:
+            self.history.add(req.fill_ids)
+        req.spec = None
+
+    @property
+    def accept_length(self) -> float:
+        """Mean tokens per verify step (accepted drafts plus the one the model adds)."""
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+
+
+def _check_against_grammar(grammar: GrammarMatcher, draft: list[int]) -> tuple[list[int], list[GrammarMatcher]]:
+    """The draft up to the first token the grammar refuses, and the grammar's state before each verify row."""
+    matchers = [grammar.copy()]
+    for i, token in enumerate(draft):
+        following = matchers[-1].copy()
+        if not following.accept_token(token):
+            return draft[:i], matchers
+        matchers.append(following)
+    return draft, matchers

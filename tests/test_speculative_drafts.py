@@ -1,0 +1,160 @@
+"""Where speculative drafts come from (radixrt.scheduler.drafts) and how long they are
+(radixrt.scheduler.speculation): suffix matches over a request's context and the history, the radix cache's
+continuation of an exact context, the adaptive length and the measured cost of a draft token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixrt.memory.page_pool import KVLayout, PagePool
+from radixrt.memory.radix_cache import RadixCache
+from radixrt.scheduler.drafts import ContextIndex, History, TokenIndex, cache_continuation
+from radixrt.scheduler.speculation import DEFAULT_TOKEN_COST, StepCost, best_length
+from radixrt.server_args import ServerArgs
+
+
+def brute_force_longest(tokens: list[int], gram: int, max_window: int) -> int:
+    """The longest agreement (>= gram, <= max_window) of an earlier occurrence with the end of ``tokens``."""
+    n, best = len(tokens), 0
+    for end in range(gram, n):
+        agreed = 0
+        while agreed < min(max_window, n) and end - agreed - 1 >= 0 and tokens[end - agreed - 1] == tokens[n - agreed - 1]:
+            agreed += 1
+        if agreed >= gram:
+            best = max(best, agreed)
+    return best
+
+
+def test_context_match_proposes_what_followed_the_longest_earlier_occurrence():
+    index = ContextIndex(min_window=1, max_window=12)
+    # "b c d" occurs twice: after "a b c d" (then "x") and after "z b c d" (then "y"); the query ends "a b c d".
+    tokens = [1, 2, 3, 4, 50, 9, 2, 3, 4, 60, 7, 1, 2, 3, 4]
+    index.sync(tokens, len(tokens))
+    match = index.match(limit=3)
+    assert match.tokens == [50, 9, 2] and match.length == 4 and match.source == "context"
+    # a short window still finds the single-token match when no longer one exists
+    tokens = [5, 6, 7, 8, 6]
+    index = ContextIndex(min_window=1, max_window=12)
+    index.sync(tokens, len(tokens))
+    assert index.match(limit=2).tokens == [7, 8]
+    # min window 2: a single shared token is not evidence enough
+    index = ContextIndex(min_window=2, max_window=12)
+    index.sync(tokens, len(tokens))
+    assert index.match(limit=2) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.integers(0, 4), min_size=1, max_size=60), gram=st.integers(1, 3))
+def test_token_index_finds_the_longest_match_a_brute_force_finds(tokens, gram):
+    index = TokenIndex(gram, max_window=8)
+    index.extend(tokens)
+    end, length = index.find(tokens, skip_end=len(tokens))
+    want = brute_force_longest(tokens, gram, 8)
+    # the chain walk looks at the 16 latest occurrences: on these short sequences that is all of them
+    assert length == want
+    if length:
+        assert tokens[end - length:end] == tokens[len(tokens) - length:] and end < len(tokens)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.integers(0, 5), min_size=0, max_size=40), cut=st.integers(0, 40),
+       rewrite=st.lists(st.integers(0, 5), max_size=8))
+def test_truncating_and_rewriting_an_index_equals_building_it_afresh(tokens, cut, rewrite):
+    index = ContextIndex(min_window=1, max_window=6)
+    index.sync(tokens, final=0)  # nothing final: jump-forward may rewrite any of it
+    changed = tokens[: min(cut, len(tokens))] + rewrite
+    index.sync(changed, final=len(changed))
+    fresh = ContextIndex(min_window=1, max_window=6)
+    fresh.sync(changed, final=len(changed))
+    for got, want in zip(index.indexes, fresh.indexes):
+        assert got.tokens == want.tokens and got.heads == want.heads and got.prev == want.prev
+
+
+def test_history_matches_across_requests_and_stays_bounded():
+    history = History(capacity_tokens=400, min_window=1, max_window=12)
+    history.add([10, 11, 12, 13, 14, 15])
+    match = history.match([7, 7, 11, 12, 13], limit=4)
+    assert match.tokens == [14, 15] and match.length == 3 and match.source == "history"  # stops at the end
+    for i in range(200):
+        history.add(list(range(1000 + 10 * i, 1010 + 10 * i)))
+    assert history.num_tokens <= 400 + 4 * 11
+    assert history.match([11, 12, 13], limit=4) is None  # the oldest segment was dropped whole
+
+
+def make_cache(page_size: int) -> tuple[PagePool, RadixCache]:
+    layout = KVLayout(num_layers=1, kv_heads=1, head_dim=2, page_size=page_size, dtype=torch.float32)
+    pool = PagePool(layout, 64)
+    return pool, RadixCache(pool)
+
+
+def insert(pool: PagePool, cache: RadixCache, tokens: list[int]) -> None:
+    pages = pool.alloc(len(tokens) // pool.page_size)
+    result = cache.insert(tokens, pages)
+    pool.decref(result.duplicates)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_cache_continuation_reads_what_the_tree_holds_after_an_exact_context(page_size):
+    pool, cache = make_cache(page_size)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    insert(pool, cache, prompt + [20, 21, 22, 23, 24, 25, 26, 27])  # an earlier request's prompt and output
+    insert(pool, cache, prompt + [30, 31, 32, 33])  # a later one that went elsewhere
+    cache.match_prefix(prompt + [20, 21, 22, 23])  # the first branch is the most recently used again
+    match = cache.match_prefix(prompt)
+    node = match.node
+    # the request has computed its prompt and written 20, 21: the tree continues with 22...
+    assert cache_continuation(node, [20, 21], page_size, limit=3) == [22, 23, 24]
+    # nothing written yet: the most recently used branch
+    assert cache_continuation(node, [], page_size, limit=2) == [20, 21]
+    # a context the tree never continued
+    assert cache_continuation(node, [20, 99], page_size, limit=3) == []
+    assert cache_continuation(node, [30, 31, 32, 33], page_size, limit=3) == []  # the branch ends there
+    cache.check()
+
+
+def test_draft_length_follows_acceptance_and_cost():
+    assert best_length(0.0, 8, 0.05) == 0
+    assert best_length(0.95, 8, 0.02) == 8  # nearly always accepted, nearly free: the longest
+    assert best_length(0.95, 3, 0.02) == 3  # never past what the match offers
+    assert best_length(0.5, 8, 0.9) == 0  # a draft token as dear as a decode: drafts do not pay
+    assert 0 < best_length(0.5, 8, 0.1) < best_length(0.8, 8, 0.1)
+
+
+def test_step_cost_is_fitted_from_timed_steps():
+    cost = StepCost()
+    assert cost.token_cost(8) == DEFAULT_TOKEN_COST  # nothing timed yet
+    for _ in range(5):
+        cost.observe(8, 0.028)  # all steps alike: no slope to learn
+    assert cost.token_cost(8) == DEFAULT_TOKEN_COST
+    for tokens in (8, 16, 24, 40, 72) * 4:
+        cost.observe(tokens, 0.020 + 0.001 * tokens)
+    # one token costs 1 ms against a request's share (20 + 8) / 8 ms of a decode step of 8
+    assert cost.token_cost(8) == pytest.approx(8 / 28, rel=0.05)
+    assert cost.token_cost(1) == pytest.approx(1 / 21, rel=0.05)
+
+
+def test_speculative_options_are_checked():
+    assert ServerArgs(speculative_algorithm="ngram").speculative_algorithm == "NGRAM"
+    with pytest.raises(ValueError, match="NGRAM"):
+        ServerArgs(speculative_algorithm="EAGLE")
+    with pytest.raises(ValueError, match="match_type"):
+        ServerArgs(speculative_ngram_match_type="DFS")
+
+
+def test_sglang_launch_flags_and_runtime_keywords_reach_the_options():
+    import argparse
+
+    from radixrt.frontend.runtime import server_flags
+
+    flags = server_flags({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4,
+                          "speculative_ngram_max_match_window_size": 8})
+    assert flags == ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "4",
+                     "--speculative-ngram-max-match-window-size", "8"]
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = ServerArgs.from_cli_args(parser.parse_args(flags + ["--speculative-ngram-max-bfs-breadth", "4"]))
+    assert (args.speculative_algorithm, args.speculative_num_draft_tokens) == ("NGRAM", 4)
+    assert args.speculative_ngram_max_match_window_size == 8
