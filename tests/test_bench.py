@@ -193,3 +193,52 @@ def test_priority_bench_preempts_only_when_on_and_keeps_the_tokens(tmp_path, cap
     assert on["preemption"] and on["preemptions"] == 1
     assert not off["preemption"] and off["preemptions"] == 0
     assert data["same_outputs"] and data["args"]["batch"] == 2
+
+
+def test_spec_workloads_are_deterministic_and_carry_the_conversation():
+    from radixrt.bench.spec_workloads import WORKLOADS, run_workload
+
+    sent: list[tuple[list[str], dict]] = []
+
+    def generate(prompts, params):
+        sent.append((prompts, params))
+        return [([len(p) % 7, 1], f"reply {len(sent)}") for p in prompts]
+
+    def chat(messages):
+        return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+    rounds = {"extraction": 1, "random": 1, "agent": 3, "refine": 3}
+    for name in WORKLOADS:
+        sent.clear()
+        outputs = run_workload(name, generate, chat, batch=2, max_new_tokens=5, seed=3)
+        first = list(sent)
+        sent.clear()
+        assert run_workload(name, generate, chat, batch=2, max_new_tokens=5, seed=3) == outputs
+        assert sent == first  # the same prompts for the same seed
+        assert len(sent) == rounds[name] and len(outputs) == 2 * rounds[name]
+        assert all(len(prompts) == 2 and params["max_new_tokens"] == 5 for prompts, params in sent)
+        if rounds[name] > 1:  # each round resends the conversation with the previous replies
+            assert sent[0][0][0] in sent[1][0][0] and "reply 1" in sent[1][0][0]
+    assert sent == first
+    with pytest.raises(ValueError, match="unknown workload"):
+        run_workload("nope", generate, chat, 1, 1)
+
+
+@pytest.mark.model
+def test_spec_bench_runs_both_ways_with_the_same_tokens(tmp_path, capsys):
+    import argparse
+
+    from radixrt.bench import spec_bench
+
+    parser = argparse.ArgumentParser()
+    spec_bench.add_arguments(parser)
+    out = tmp_path / "spec.json"
+    args = parser.parse_args(["--workloads", "extraction,random", "--batch-sizes", "1", "--max-new-tokens", "24",
+                              "--repeats", "1", "--dtype", "float32", "--json", str(out)])
+    assert spec_bench.run(args) == 0
+    assert "| extraction | 1 |" in capsys.readouterr().out
+    rows = {row["workload"]: row for row in json.loads(out.read_text())["radixrt"]}
+    assert set(rows) == {"extraction", "random"}
+    for row in rows.values():  # fp32: speculation changes no token, greedy or seeded sampling
+        assert row["same_outputs"] == "1/1" and row["off_tok_s"] > 0 and row["on_tok_s"] > 0
+    assert rows["extraction"]["accept_length"] > 1.0  # the invoice's fields are copied from the prompt

@@ -1,4 +1,4 @@
-"""`radixrt bench offline | serving | decode | vllm | tools | priority`: argument parsing and the runs (see the
+"""`radixrt bench offline | serving | decode | vllm | tools | priority | spec`: argument parsing and the runs (see the
 modules for details).
 
     radixrt bench offline --workload random --num-prompts 64 --input-len 200 --output-len 64 --baseline hf
@@ -11,6 +11,7 @@ modules for details).
     radixrt bench vllm --vllm-python /tmp/radixrt-peers/venv-vllm/bin/python --workloads a:nocache,b:cache
     radixrt bench tools --num-prompts 50 --tool-choice required
     radixrt bench priority --batch 16 --interactive 6 --interval 1.5
+    radixrt bench spec --workloads extraction,agent,refine,random --batch-sizes 1,8
 """
 
 from __future__ import annotations
@@ -110,6 +111,13 @@ def add_bench_parser(commands) -> None:
     priority = sub.add_parser("priority", help="interactive requests next to a batch job, preemption on vs off")
     add_priority_arguments(priority)
     priority.set_defaults(run=run_priority)
+
+    from radixrt.bench.spec_bench import add_arguments as add_spec_arguments
+    from radixrt.bench.spec_bench import run as run_spec
+
+    spec = sub.add_parser("spec", help="speculative decoding on vs off on copy-heavy and random workloads")
+    add_spec_arguments(spec)
+    spec.set_defaults(run=run_spec)
 
 
 def machine() -> dict:

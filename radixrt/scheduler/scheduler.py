@@ -121,6 +121,8 @@ class Scheduler:
         self.steps = 0
         self.last_step_seconds = 0.0
         self.forward_seconds = 0.0
+        self.decode_seconds = 0.0  # in steps without prefill chunks (decode and verify steps)
+        self.decode_tokens = 0  # output tokens those steps gave
         self.forward_failures = 0  # in a row
         self.step_latency = Histogram(STEP_BUCKETS)  # of the steps that did something
         self.profiler = StepProfiler()
@@ -270,7 +272,8 @@ class Scheduler:
             self.admission.take_back(req)
         if not plan:  # every planned request was retracted: their room is freed, the next step plans again
             return True
-        timed = self.speculator is not None and all(req.num_to_compute == 1 for req, _ in plan)
+        decoding = all(req.num_to_compute == 1 for req, _ in plan)  # no prefill chunk in this step
+        outputs_before = sum(len(req.output_ids) for req, _ in plan)
         if self.speculator is not None:
             plan = self.speculator.draft(plan)
         forward_started = time.perf_counter()
@@ -290,8 +293,11 @@ class Scheduler:
                 logger.warning("launching a decode step failed; processing it synchronously", exc_info=True)
         if self.launched is None:
             self._finish_step(self.output.process(plan, logits.split(batch.logits_counts)))
-        if timed:  # a decode or verify step: its time teaches the speculator what a draft token costs
-            self.speculator.step_timed(plan, time.perf_counter() - started)
+        if decoding and self.launched is None:
+            seconds = time.perf_counter() - started
+            self._count_decode(sum(len(req.output_ids) for req, _ in plan) - outputs_before, seconds)
+            if self.speculator is not None:  # a decode or verify step's time: what a draft token costs
+                self.speculator.step_timed(plan, seconds)
         self._end_step(plan, started)
         return True
 
@@ -334,7 +340,10 @@ class Scheduler:
             self._fail_batch([(req, n) for req, n in plan if not req.finished], exc)
             return True
         self.forward_failures = 0
+        outputs_before = sum(len(req.output_ids) for req, _ in launched.plan)
         self._settle(launched)
+        self._count_decode(sum(len(req.output_ids) for req, _ in launched.plan) - outputs_before,
+                           time.perf_counter() - started)
         self._end_step(plan, started)
         return True
 
@@ -357,6 +366,11 @@ class Scheduler:
                 self.output.finish_with_error(req, exc, "checking its output")
             progressed.append(req)
         self._finish_step(progressed)
+
+    def _count_decode(self, tokens: int, seconds: float) -> None:
+        """A step without prefill chunks took ``seconds`` and gave ``tokens`` output tokens."""
+        self.decode_tokens += tokens
+        self.decode_seconds += seconds
 
     def _retire(self, req: Req) -> None:
         """A running request that finished gives its pages back."""
@@ -407,6 +421,8 @@ class Scheduler:
             jump_forward_tokens=self.output.jump_forward_tokens,
             sessions_open=len(self.sessions.table),
             pages_pinned=self.sessions.pinned_pages,
+            decode_seconds=self.decode_seconds,
+            decode_tokens=self.decode_tokens,
             **(self._spec_stats() if self.speculator is not None else {}),
         )
 

@@ -1,0 +1,183 @@
+"""Speculative decoding on and off over the same workloads (``radixrt.bench.spec_workloads``).
+
+    radixrt bench spec [--workloads extraction,agent,refine,random] [--batch-sizes 1,8] [--max-new-tokens 128]
+                       [--repeats 3] [--dtype auto] [--vllm-python PATH] [--json FILE]
+
+One Engine started with ``--speculative-algorithm NGRAM``; each run switches speculation on (a fresh
+Speculator: no history) or off, after flushing the radix cache, so every run starts cold and drafts only from
+what it wrote itself. Runs alternate off/on, repeat by repeat, so the machine's drift hits both alike. Per
+workload and batch size: output tokens per second end to end and in decode steps (the scheduler's time in
+steps without prefill chunks and the tokens they gave), the on/off ratio (median of the paired repeats), the
+mean acceptance length, and how many outputs were the same tokens with speculation on (in bf16 a verify step
+rounds differently from a decode step, so a near-tie may go the other way; in fp32 they all are).
+``--vllm-python`` then runs the workloads through vLLM with and without its n-gram speculation (prompt lookup),
+on the same CPU, in a process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from radixrt.bench.spec_workloads import WORKLOADS, run_workload
+
+
+def _set_speculation(engine, on: bool) -> None:
+    """Speculation on (fresh drafting state) or off; only while the engine is idle."""
+    from radixrt.scheduler.speculation import Speculator
+
+    scheduler = engine.scheduler
+    if not scheduler.idle:
+        raise RuntimeError("speculation is switched between runs only")
+    scheduler.speculator = (Speculator(engine.args, scheduler.cache, scheduler.memory, scheduler.context_length)
+                            if on else None)
+    scheduler.output.speculator = scheduler.speculator
+
+
+def _engine_calls(engine):
+    def generate(prompts: list[str], params: dict) -> list[tuple[list[int], str]]:
+        base = {"max_new_tokens": params["max_new_tokens"], "temperature": params["temperature"]}
+        seeds = params.get("seeds") or [None] * len(prompts)
+        outs = engine.generate(prompts, [{**base, "seed": s} if s is not None else base for s in seeds])
+        outs = outs if isinstance(outs, list) else [outs]
+        return [(o["output_ids"], o["text"]) for o in outs]
+
+    def chat(messages: list[dict]) -> str:
+        return engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    return generate, chat
+
+
+def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: int) -> dict:
+    _set_speculation(engine, on)
+    engine.flush_cache()
+    before = engine.get_stats()
+    started = time.perf_counter()
+    outputs = run_workload(name, *_engine_calls(engine), batch, max_new_tokens, seed)
+    seconds = time.perf_counter() - started
+    after = engine.get_stats()
+    delta = {k: after[k] - before[k] for k in ("decode_seconds", "decode_tokens", "spec_verify_steps",
+                                                "spec_draft_tokens", "spec_accepted_tokens")}
+    tokens = sum(len(o) for o in outputs)
+    return dict(workload=name, batch=batch, speculative=on, seed=seed, seconds=seconds, tokens=tokens,
+                outputs=outputs, tok_s=tokens / seconds,
+                decode_tok_s=delta["decode_tokens"] / delta["decode_seconds"] if delta["decode_seconds"] else 0.0,
+                **{k: delta[k] for k in ("spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")})
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    table = []
+    keys = sorted({(r["workload"], r["batch"]) for r in rows}, key=lambda k: (WORKLOADS.index(k[0]), k[1]))
+    for name, batch in keys:
+        off = [r for r in rows if (r["workload"], r["batch"], r["speculative"]) == (name, batch, False)]
+        on = [r for r in rows if (r["workload"], r["batch"], r["speculative"]) == (name, batch, True)]
+        pairs = list(zip(off, on))
+        steps = sum(r["spec_verify_steps"] for r in on)
+        accepted = sum(r["spec_accepted_tokens"] for r in on)
+        drafted = sum(r["spec_draft_tokens"] for r in on)
+        same = sum(a == b for x, y in pairs for a, b in zip(x["outputs"], y["outputs"]))
+        table.append(dict(
+            workload=name, batch=batch,
+            off_tok_s=statistics.median(r["tok_s"] for r in off), on_tok_s=statistics.median(r["tok_s"] for r in on),
+            speedup=statistics.median(y["tok_s"] / x["tok_s"] for x, y in pairs),
+            off_decode_tok_s=statistics.median(r["decode_tok_s"] for r in off),
+            on_decode_tok_s=statistics.median(r["decode_tok_s"] for r in on),
+            decode_speedup=statistics.median(y["decode_tok_s"] / x["decode_tok_s"] for x, y in pairs),
+            accept_length=(accepted + steps) / steps if steps else 0.0,
+            accept_rate=accepted / drafted if drafted else 0.0,
+            same_outputs=f"{same}/{sum(len(x['outputs']) for x, _ in pairs)}"))
+    return table
+
+
+def run_vllm(python: str, model: str, args: argparse.Namespace) -> list[dict]:
+    script = Path(__file__).with_name("spec_workloads.py")
+    config = dict(dtype="bfloat16" if args.dtype in ("auto", "bfloat16", "bf16") else "float32",
+                  workloads=args.workloads, batch_sizes=args.batch_sizes, max_new_tokens=args.max_new_tokens,
+                  repeats=args.repeats, num_draft_tokens=args.num_draft_tokens)
+    done = subprocess.run([python, str(script), "vllm", model, json.dumps(config)], capture_output=True,
+                          text=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT_JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"vLLM's run failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    rows = json.loads(line.removeprefix("RESULT_JSON "))
+    table = []
+    for name in args.workloads:
+        for batch in args.batch_sizes:
+            mine = [r for r in rows if (r["workload"], r["batch"]) == (name, batch)]
+            off = [r["tokens"] / r["seconds"] for r in mine if not r["speculative"]]
+            on = [r["tokens"] / r["seconds"] for r in mine if r["speculative"]]
+            table.append(dict(workload=name, batch=batch, off_tok_s=statistics.median(off),
+                              on_tok_s=statistics.median(on),
+                              speedup=statistics.median(b / a for a, b in zip(off, on))))
+    return table
+
+
+def print_table(table: list[dict], vllm: list[dict] | None) -> None:
+    head = ("| workload | batch | off tok/s | on tok/s | x | decode off | decode on | decode x | accept length "
+            "| accepted | same tokens |")
+    if vllm:
+        head += " vLLM off | vLLM ngram | vLLM x |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for row in table:
+        line = (f"| {row['workload']} | {row['batch']} | {row['off_tok_s']:.1f} | {row['on_tok_s']:.1f} | "
+                f"{row['speedup']:.2f} | {row['off_decode_tok_s']:.1f} | {row['on_decode_tok_s']:.1f} | "
+                f"{row['decode_speedup']:.2f} | {row['accept_length']:.2f} | {row['accept_rate']:.0%} | "
+                f"{row['same_outputs']} |")
+        if vllm:
+            peer = next(v for v in vllm if (v["workload"], v["batch"]) == (row["workload"], row["batch"]))
+            line += f" {peer['off_tok_s']:.1f} | {peer['on_tok_s']:.1f} | {peer['speedup']:.2f} |"
+        print(line)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOADS))
+    p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--num-draft-tokens", type=int, default=8)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--model", default=None, help="default: the bundled default model")
+    p.add_argument("--vllm-python", default=None, help="also run vLLM's n-gram speculation with this python")
+    p.add_argument("--json", default=None, help="write the table (and vLLM's) to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    import radixrt
+    from radixrt.bench.commands import machine
+    from radixrt.model.weights import resolve_model_path
+    from radixrt.server_args import DEFAULT_MODEL
+
+    context = machine()
+    print(" ".join(f"{k}={v}" for k, v in context.items()), flush=True)
+    model = str(resolve_model_path(args.model or DEFAULT_MODEL))
+    engine = radixrt.Engine(model=model, dtype=args.dtype, speculative_algorithm="NGRAM",
+                            speculative_num_draft_tokens=args.num_draft_tokens, log_interval=0)
+    rows = []
+    try:
+        for name in args.workloads:
+            for batch in args.batch_sizes:
+                for on in (False, True):  # warm-up: kernels and allocator at these shapes
+                    measure(engine, name, batch, 4, on, seed=-1)
+                for repeat in range(args.repeats):
+                    for on in (False, True):
+                        rows.append(measure(engine, name, batch, args.max_new_tokens, on, repeat))
+    finally:
+        engine.shutdown()
+    table = summarize(rows)
+    vllm = run_vllm(args.vllm_python, model, args) if args.vllm_python else None
+    print_table(table, vllm)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": context, "radixrt": table, "vllm": vllm}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    raise SystemExit(run(parser.parse_args()))

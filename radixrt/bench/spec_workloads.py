@@ -1,0 +1,147 @@
+"""The speculative-decoding benchmark's workloads, for any engine: what its programs send and how they go on.
+
+    /path/to/peer-venv/bin/python /path/to/spec_workloads.py vllm MODEL_DIR ARGS_JSON   (one RESULT_JSON line)
+
+Like ``peer_run``, this file runs by path under another engine's python: it imports nothing of radixrt, and an
+engine is two callables, ``generate(prompts, params) -> [(output_ids, text)]`` (params: max_new_tokens,
+temperature, seeds) and ``chat(messages) -> prompt text`` (the model's chat template).
+
+Each workload runs ``batch`` programs side by side, round by round (a round's prompts go in one call):
+
+- ``extraction``: copy the fields of an invoice into JSON (one round; greedy);
+- ``agent``: a tool-using loop: each round returns a tool result (a JSON listing, then records) and asks for a
+  report of it, over the conversation so far (three rounds; greedy);
+- ``refine``: self-refinement: write a description from facts, then rewrite it twice, keeping the facts
+  (three rounds; greedy);
+- ``random``: a continuation of random words, sampled at temperature 1 with a seed per program: text no earlier
+  text predicts (one round).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from typing import Callable
+
+WORKLOADS = ("extraction", "agent", "refine", "random")
+Generate = Callable[[list[str], dict], list[tuple[list[int], str]]]
+Chat = Callable[[list[dict]], str]
+
+SELLERS = ("Northwind Traders", "Blue Fin Cafe", "Harbour Supplies", "Kestrel Paper Co", "Alder & Sons")
+STREETS = ("Harbour Road", "Mill Lane", "Station Street", "Quay Parade", "Orchard Way")
+TOWNS = ("Portsmouth", "Leeds", "Bristol", "Norwich", "Carlisle")
+ITEMS = ("coffee beans", "paper cups", "oat milk", "napkins", "tea leaves", "sugar sachets")
+WORDS = ("river stone lamp quiet ember violet orbit marble cedar lantern velvet harbor thistle copper meadow "
+         "signal pepper winter saddle hollow candle bramble falcon meadow tundra ribbon canyon").split()
+
+
+def invoice(rng: random.Random) -> str:
+    seller, buyer = rng.sample(SELLERS, 2)
+    lines = [f"{rng.randint(2, 40)} x {item} at {rng.randint(1, 30)}.{rng.randint(0, 99):02d}"
+             for item in rng.sample(ITEMS, 3)]
+    return (f"Invoice {rng.randint(1000, 9999)} was issued by {seller}, {rng.randint(1, 99)} {rng.choice(STREETS)}, "
+            f"{rng.choice(TOWNS)}, to {buyer} on {rng.randint(1, 28)} March 2024. It lists "
+            f"{'; '.join(lines)}. Payment is due within {rng.choice((14, 30, 60))} days to account "
+            f"GB{rng.randint(10, 99)} NWBK {rng.randint(1000, 9999)} {rng.randint(1000, 9999)} {rng.randint(10, 99)}.")
+
+
+def tool_results(rng: random.Random) -> list[str]:
+    files = [{"path": f"src/{name}.py", "lines": rng.randint(40, 900), "owner": rng.choice(("ana", "bo", "cy"))}
+             for name in rng.sample(("parser", "scheduler", "cache", "server", "client", "metrics", "tokens"), 5)]
+    records = [{"path": f["path"], "last_commit": f"{rng.randint(1, 28)} Nov 2024", "tests": rng.randint(0, 40)}
+               for f in files]
+    failing = [{"test": f"tests/test_{rng.choice(('cache', 'server', 'tokens'))}.py::test_{i}",
+                "error": rng.choice(("TimeoutError", "AssertionError", "KeyError"))} for i in range(4)]
+    return [json.dumps({"files": files}), json.dumps({"history": records}), json.dumps({"failures": failing})]
+
+
+def run_workload(name: str, generate: Generate, chat: Chat, batch: int, max_new_tokens: int, seed: int = 0
+                 ) -> list[list[int]]:
+    """Every output of the workload's rounds, program by program and round by round."""
+    rng = random.Random(f"{name}-{seed}")
+    greedy = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
+    outputs: list[list[int]] = []
+    if name == "extraction":
+        prompts = [chat([{"role": "user", "content": "Extract the seller, buyer, date, items and account of this "
+                                                     f"invoice as JSON.\n\n{invoice(rng)}"}]) for _ in range(batch)]
+        return [ids for ids, _ in generate(prompts, greedy)]
+    if name == "random":
+        prompts = [chat([{"role": "user", "content": "Continue this list of words: "
+                                                     + " ".join(rng.choice(WORDS) for _ in range(40))}])
+                   for _ in range(batch)]
+        sampled = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "seeds": list(range(batch))}
+        return [ids for ids, _ in generate(prompts, sampled)]
+    if name == "agent":
+        results = [tool_results(rng) for _ in range(batch)]
+        asks = ("List every file with its owner and line count.", "Report each file's last commit and tests.",
+                "List each failing test with its error.")
+        conversations = [[{"role": "user", "content": "Find out which files of the repository need attention."},
+                          {"role": "assistant", "content": '{"tool": "list_files"}'}] for _ in range(batch)]
+        turns = [[f"Tool result: {results[b][r]}\n\n{asks[r]}" for b in range(batch)] for r in range(3)]
+    elif name == "refine":
+        facts = [invoice(rng) for _ in range(batch)]
+        conversations = [[] for _ in range(batch)]
+        first = [f"Write a short email asking for payment of this invoice:\n\n{f}" for f in facts]
+        again = "Rewrite the email to be more polite. Keep every name, number and date exactly as it is."
+        turns = [first, [again] * batch, [again] * batch]
+    else:
+        raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
+    for round_messages in turns:
+        for conversation, content in zip(conversations, round_messages):
+            conversation.append({"role": "user", "content": content})
+        replies = generate([chat(c) for c in conversations], greedy)
+        for conversation, (ids, text) in zip(conversations, replies):
+            conversation.append({"role": "assistant", "content": text})
+            outputs.append(ids)
+    return outputs
+
+
+def vllm_calls(model: str, dtype: str, speculative: dict | None) -> tuple[Generate, Chat]:
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, dtype=dtype, max_model_len=4096, max_num_seqs=16, seed=0, speculative_config=speculative)
+    tokenizer = llm.get_tokenizer()
+
+    def generate(prompts: list[str], params: dict) -> list[tuple[list[int], str]]:
+        seeds = params.get("seeds") or [None] * len(prompts)
+        sampling = [SamplingParams(max_tokens=params["max_new_tokens"], temperature=params["temperature"], seed=s)
+                    for s in seeds]
+        outs = llm.generate(prompts, sampling, use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), o.outputs[0].text) for o in outs]
+
+    def chat(messages: list[dict]) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    return generate, chat
+
+
+def vllm_main(model: str, args: dict) -> None:
+    """Each workload and batch size with vLLM's n-gram speculation off and on, alternating (one engine each)."""
+    engines = {False: vllm_calls(model, args["dtype"], None),
+               True: vllm_calls(model, args["dtype"], {"method": "ngram", "num_speculative_tokens":
+                                                       args["num_draft_tokens"], "prompt_lookup_max": 4,
+                                                       "prompt_lookup_min": 1})}
+    rows = []
+    for name in args["workloads"]:
+        for batch in args["batch_sizes"]:
+            for on in (False, True):  # warm-up
+                run_workload(name, *engines[on], batch, 4)
+            for repeat in range(args["repeats"]):
+                for on in (False, True):
+                    started = time.perf_counter()
+                    outs = run_workload(name, *engines[on], batch, args["max_new_tokens"], seed=repeat)
+                    seconds = time.perf_counter() - started
+                    rows.append(dict(workload=name, batch=batch, speculative=on, repeat=repeat, seconds=seconds,
+                                     tokens=sum(len(o) for o in outs)))
+    print("RESULT_JSON " + json.dumps(rows), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "vllm":
+        sys.exit(__doc__)
+    vllm_main(sys.argv[2], json.loads(sys.argv[3]))
