@@ -68,10 +68,14 @@ def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int]
 
 def set_default_backend(backend) -> None:
     """The backend programs run on by default: RuntimeEndpoint(url), OpenAI(...), an
-    EngineBackend, or an engine object itself (e.g. `radixrt.Engine()`), which gets wrapped."""
+    EngineBackend, a `Runtime` (its endpoint runs them), or an engine object itself (e.g.
+    `radixrt.Engine()`, wrapped in an EngineBackend when a program runs). As in SGLang,
+    `global_config.default_backend` is the object set (programs read `default_backend.endpoint`)."""
     from .run import resolve_backend
 
-    global_config.default_backend = resolve_backend(backend) if backend is not None else None
+    if backend is not None:
+        resolve_backend(backend)  # a TypeError now for what cannot run programs
+    global_config.default_backend = backend
 
 
 def get_default_backend():

@@ -27,7 +27,9 @@ READY_LINE = "radixrt serve: ready at"
 
 class ServerProcess:
     def __init__(self, args: list[str] | None = None, port: int | None = None, timeout: float = 600.0,
-                 echo: bool = False, host: str = "127.0.0.1", die_with_parent: bool = False) -> None:
+                 echo: bool = False, host: str = "127.0.0.1", die_with_parent: bool = False,
+                 module: str = "radixrt.cli serve") -> None:
+        """``module``: what ``python -m`` runs (``radixrt.launch_server`` takes SGLang's command line)."""
         self.host = host
         self.port = port or free_port()
         self.url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{self.port}"
@@ -35,20 +37,22 @@ class ServerProcess:
         self.timeout = timeout
         self.echo = echo
         self.die_with_parent = die_with_parent
+        self.module = module
         self.lines: list[str] = []
         self.proc: subprocess.Popen | None = None
         self._ready = threading.Event()
 
     def start(self) -> "ServerProcess":
-        cmd = [sys.executable, "-m", "radixrt.cli", "serve", "--host", self.host, "--port", str(self.port),
-               *self.args]
+        cmd = [sys.executable, "-m", *self.module.split(), "--host", self.host, "--port", str(self.port), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                      preexec_fn=die_with(os.getpid()) if self.die_with_parent else None)
-        threading.Thread(target=self._read, daemon=True).start()
+        reader = threading.Thread(target=self._read, daemon=True)
+        reader.start()
         deadline = time.monotonic() + self.timeout
         while not self._ready.wait(0.2):
             if self.proc.poll() is not None:
+                reader.join(5.0)  # the output up to the exit, the reason last
                 raise RuntimeError(f"radixrt serve exited with {self.proc.returncode}:\n" + "".join(self.lines[-40:]))
             if time.monotonic() > deadline:
                 self.stop()

@@ -5,13 +5,12 @@
     ...
     runtime.shutdown()
 
-Keyword arguments take SGLang's names where radixrt has the option (``model_path`` is ``--model``,
-``max_total_tokens`` becomes ``--max-total-pages``; ``tp_size``, ``port``, ``dtype``, ... keep their names) and
-radixrt's own ``radixrt serve`` options; each becomes a command-line flag. SGLang options that only tune its
-own machinery (``mem_fraction_static``, ``log_level``, CUDA graphs, ...) are accepted and have no effect; an
-SGLang option that would change results and that radixrt lacks (LoRA, quantization, ``dp_size`` > 1, ...) is a
-``ValueError``; an option neither knows is a ``TypeError`` naming it (judged by the server's parser, then by
-the option names its /server_info lists, since the parser also takes abbreviations).
+Keyword arguments are `radixrt serve` options by SGLang's names or radixrt's (``model_path``, ``tp_size``,
+``dp_size``, ``mem_fraction_static``, ``max_total_tokens``, ... and ``kv_memory_gb``, ...); each becomes a
+command-line flag and the server's parser judges it: an option it does not know (or an abbreviation) is a
+``TypeError`` naming it, a value it refuses (an SGLang option asking for something radixrt does not serve:
+LoRA, quantization, ...) a ``ValueError`` with the server's reason. ``log_level`` is the server's too, and at
+``info`` or ``debug`` its output is echoed here.
 
 The server dies with this process (``die_with_parent``), on ``shutdown()`` and at interpreter exit. The
 Runtime is a backend (``set_default_backend(runtime)``: programs run on ``runtime.endpoint``) and has SGLang's
@@ -28,44 +27,15 @@ from typing import Any, AsyncIterator, Dict, List, Optional
 
 from .launcher import ServerProcess
 
-RENAMED = {"model_path": "model"}
-# SGLang options that tune only its own machinery: accepted, no effect on radixrt.
-NO_EFFECT = frozenset({
-    "mem_fraction_static", "log_level", "log_level_http", "trust_remote_code", "enable_torch_compile", "watchdog_timeout", "enable_metrics", "show_time_cost",
-    "base_gpu_id", "stream_interval", "skip_server_warmup", "decode_log_interval", "file_storage_path",
-    "enable_priority_scheduling",  # radixrt's scheduler always honours priorities
-})
-# SGLang options radixrt lacks that would change results: option -> the values that ask for nothing.
-UNSUPPORTED: Dict[str, tuple] = {
-    "lora_paths": (None, [], {}), "enable_lora": (None, False), "quantization": (None,),
-    "chat_template": (None,), "is_embedding": (None, False),
-    "skip_tokenizer_init": (None, False), "kv_cache_dtype": (None, "auto"), "dp_size": (None, 1),
-    "json_model_override_args": (None, "{}"), "tokenizer_mode": (None, "auto"), "load_format": (None, "auto"),
-}
-
 
 def server_flags(kwargs: Dict[str, Any]) -> List[str]:
-    """`radixrt serve` flags for Runtime's keyword arguments (ValueError for what radixrt cannot do)."""
+    """`radixrt serve` flags for Runtime's keyword arguments: ``name=value`` is ``--name value``, ``True`` a bare
+    flag, ``None`` and ``False`` nothing."""
     flags: List[str] = []
-    kwargs = dict(kwargs)
-    tokenizer = kwargs.pop("tokenizer_path", None)
-    if tokenizer is not None and tokenizer != kwargs.get("model_path", kwargs.get("model")):
-        raise ValueError("Runtime(tokenizer_path=...) must name the model's own folder: radixrt loads the "
-                         "tokenizer from the model")
-    total_tokens = kwargs.pop("max_total_tokens", None)
-    if total_tokens is not None:
-        page = int(kwargs.get("page_size", 16))
-        kwargs.setdefault("max_total_pages", -(-int(total_tokens) // page))
     for name, value in kwargs.items():
-        if name in NO_EFFECT:
-            continue
-        if name in UNSUPPORTED:
-            if not any(type(value) is type(off) and value == off or value is off for off in UNSUPPORTED[name]):
-                raise ValueError(f"Runtime({name}={value!r}) is not supported by radixrt")
-            continue
         if value is None or value is False:
             continue
-        flag = "--" + RENAMED.get(name, name).replace("_", "-")
+        flag = "--" + name.replace("_", "-")
         flags += [flag] if value is True else [flag, str(value)]
     return flags
 
@@ -75,12 +45,18 @@ def _unknown_flags(output: str) -> Optional[str]:
     return found.group(1).strip() if found else None
 
 
+def _refusal(output: str) -> Optional[str]:
+    """The server's reason for refusing an option's value (its parser's error line), if that is why it stopped."""
+    found = re.search(r"radixrt serve: error: (.*)", output)
+    return found.group(1).strip() if found else None
+
+
 class Runtime:
     """SGLang's `Runtime(model_path=..., ...)`: launch a server, use it as a backend, `shutdown()`."""
 
     def __init__(self, log_level: str = "error", launch_timeout: float = 600.0, **kwargs: Any) -> None:
         port, host = kwargs.pop("port", None), kwargs.pop("host", "127.0.0.1")
-        flags = server_flags(kwargs)
+        flags = server_flags({**kwargs, "log_level": log_level})
         self.api_key = kwargs.get("api_key")
         self.server = ServerProcess(flags, port=port, timeout=launch_timeout, echo=log_level in ("debug", "info"),
                                     host=host, die_with_parent=True)
@@ -90,22 +66,18 @@ class Runtime:
         except (RuntimeError, TimeoutError) as exc:
             self.shutdown()
             unknown = _unknown_flags(self.server.output)
-            if unknown is None:
-                raise
-            names = ", ".join(f.lstrip("-").replace("-", "_") for f in unknown.split() if f.startswith("--"))
-            raise TypeError(f"Runtime() got options radixrt does not know: {names}") from exc
+            if unknown is not None:
+                names = ", ".join(f.lstrip("-").replace("-", "_") for f in unknown.split() if f.startswith("--"))
+                raise TypeError(f"Runtime() got options radixrt does not know: {names}") from exc
+            refused = _refusal(self.server.output)
+            if refused is not None:
+                raise ValueError(f"Runtime(): {refused}") from exc
+            raise
         from .backend.runtime_endpoint import RuntimeEndpoint
 
         self.url = self.server.url
         self.pid = self.server.proc.pid if self.server.proc is not None else None
         self.endpoint = RuntimeEndpoint(self.url, api_key=self.api_key)
-        # The server's parser takes an abbreviation of a flag; only exact names are options here.
-        known = set(self.get_server_info()["server_args"])
-        inexact = [f[2:].replace("-", "_") for f in flags if f.startswith("--")
-                   and f[2:].replace("-", "_") not in known]
-        if inexact:
-            self.shutdown()
-            raise TypeError(f"Runtime() got options radixrt does not know: {', '.join(inexact)}")
 
     def __repr__(self) -> str:
         return f"Runtime({self.url!r})"

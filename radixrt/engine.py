@@ -58,6 +58,9 @@ class Engine:
         from radixrt.scheduler.scheduler import Scheduler
 
         self.args = ServerArgs.from_kwargs(**kwargs)
+        if self.args.dp_size != 1:
+            raise ValueError("an Engine is one data-parallel replica; dp_size > 1 is `radixrt serve --dp-size N` "
+                             "(or sgl.Runtime(dp_size=N))")
         self.loaded = LoadedModel.load(self.args)
         self.model_path = self.loaded.model_path
         self.tokenizer = self.loaded.tokenizer

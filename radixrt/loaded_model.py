@@ -37,7 +37,7 @@ class LoadedModel:
         model_path = resolve_model_path(args.model)
         world = _start_world(args, model_path) if args.tp_size != 1 or args.nnodes != 1 else None
         try:
-            tokenizer = load_tokenizer(model_path)
+            tokenizer = load_tokenizer(args.tokenizer_path or model_path, args.chat_template)
             runner = ModelRunner.from_args(model_path, args, world)
         except BaseException as exc:
             if world is not None:

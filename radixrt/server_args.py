@@ -1,4 +1,18 @@
-"""Every runtime option, shared by `radixrt serve`, `radixrt.Engine(**kwargs)` and the benchmarks."""
+"""Every runtime option, shared by `radixrt serve`, `radixrt.Engine(**kwargs)` and the benchmarks.
+
+Each option is a field of ``ServerArgs``; its metadata drives the command line (``add_cli_args``) and the
+keyword arguments (``from_kwargs``):
+
+- ``help``: the flag's help; the default is appended unless it is None or False (a help that explains its
+  default itself says "default" and gets nothing appended);
+- ``aliases``: more flag names (SGLang's: ``--model-path``, ``--tp``, ``--dp``, ...); each is a keyword of
+  ``Engine(...)`` too (``model_path=``);
+- ``choices``: the values a fixed-choice option takes, so a typo fails when the flag is parsed;
+- ``no_effect``: an SGLang flag that cannot change radixrt's results, accepted so launch scripts run unchanged
+  (the text says why it has no effect);
+- ``refused``: an SGLang flag asking for something radixrt does not serve: ``(what, values that ask for nothing)``;
+  any other value is a ``ValueError`` naming it.
+"""
 
 from __future__ import annotations
 
@@ -16,22 +30,33 @@ DEFAULT_MODEL = "smollm2-135m"
 _CLI_TYPES = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float,
               "str | None": str}
 
+# The values of the fixed-choice options. The modules that act on them (model/runner.py's DTYPES,
+# model/attention.py, scheduler/policy.py, server/openai_tools.py, reasoning/) take the same sets;
+# tests/test_server_args.py keeps them equal.
+DTYPES = ("auto", "bfloat16", "float32", "float16", "half", "float", "bf16", "fp32", "fp16")
+DEVICES = ("cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "torch_native", "triton")
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+TOOL_CALL_PARSERS = ("auto", "hermes", "qwen", "qwen25", "qwen3", "llama3", "llama3_json", "llama", "mistral")
+REASONING_PARSERS = ("deepseek-r1", "qwen3", "qwen3-thinking")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
 
 @dataclass
 class ServerArgs:
-    model: str = field(default=DEFAULT_MODEL, metadata={"help": "bundled model name, local HF folder, or hub id"})
-    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA and where the CPU has AMX/AVX512-BF16, else fp32), bfloat16, float32, float16"})
-    device: str = field(default="cpu", metadata={"help": "cpu or cuda"})
+    model: str = field(default=DEFAULT_MODEL, metadata={"help": "bundled model name, local HF folder, GGUF file, or hub id", "aliases": ("--model-path",)})
+    dtype: str = field(default="auto", metadata={"help": "auto: bf16 on CUDA and where the CPU has AMX/AVX512-BF16, else fp32 (half is float16, float is float32)", "choices": DTYPES})
+    device: str = field(default="cpu", metadata={"help": "where the model runs (SGLang picks CUDA when present; radixrt runs on the CPU unless told)", "choices": DEVICES})
     page_size: int = field(default=16, metadata={"help": "tokens per KV page"})
-    kv_memory_gb: float | None = field(default=None, metadata={"help": "memory budget of the KV pool in GB (default: 40%% of the memory available at start-up on a CPU, taken only as the cache fills; 85%% of the free memory on a GPU)"})
-    max_total_pages: int | None = field(default=None, metadata={"help": "fix the pool size in pages (overrides --kv-memory-gb)"})
+    kv_memory_gb: float | None = field(default=None, metadata={"help": "memory budget of the KV pool in GB (default: --mem-fraction-static if given, else 40%% of the memory available at start-up on a CPU, taken only as the cache fills, and 85%% of the free memory on a GPU)"})
+    max_total_pages: int | None = field(default=None, metadata={"help": "fix the pool size in pages (overrides --kv-memory-gb and --max-total-tokens)"})
     context_length: int | None = field(default=None, metadata={"help": "maximum prompt + output tokens (default: the model's)"})
-    attention_backend: str = field(default="auto", metadata={"help": "auto, torch or triton"})
-    schedule_policy: str = field(default="lpm", metadata={"help": "lpm, dfs-weight or fcfs"})
+    attention_backend: str = field(default="auto", metadata={"help": "auto: triton on CUDA, torch on a CPU (torch_native is SGLang's name for torch)", "choices": ATTENTION_BACKENDS})
+    schedule_policy: str = field(default="lpm", metadata={"help": "order of the waiting queue within a priority", "choices": SCHEDULE_POLICIES})
     schedule_low_priority_values_first: bool = field(default=False, metadata={"help": "a request's smaller priority value is the more urgent (default: the larger, as SGLang)"})
     priority_scheduling_preemption_threshold: int = field(default=10, metadata={"help": "a waiting request more urgent than running ones by more than this many priority levels retracts them when it finds no room (SGLang's default: 10)"})
     disable_priority_preemption: bool = field(default=False, metadata={"help": "priorities order the waiting queue only; a running request is never retracted for a more urgent one"})
-    chunked_prefill_size: int = field(default=2048, metadata={"help": "prefill tokens per step (chunked prefill)"})
+    chunked_prefill_size: int = field(default=2048, metadata={"help": "prefill tokens per step (chunked prefill; -1: no chunking, a whole prompt in one step)"})
     enable_mixed_chunk: bool = field(default=False, metadata={"help": "decode in the same steps as prefill chunks (default: prefill first)"})
     max_running_requests: int = field(default=64, metadata={"help": "requests decoded together at most"})
     max_queued_requests: int = field(default=1024, metadata={"help": "waiting requests beyond which new ones get 503"})
@@ -57,16 +82,16 @@ class ServerArgs:
     speculative_ngram_max_match_window_size: int = field(default=12, metadata={"help": "most latest tokens compared when choosing among n-gram matches"})
     speculative_ngram_capacity: int = field(default=262144, metadata={"help": "tokens of recent requests' prompts and outputs kept for n-gram drafts"})
     disable_speculative_cache_drafts: bool = field(default=False, metadata={"help": "draft from n-gram matches only, never from continuations in the radix cache"})
-    speculative_ngram_min_bfs_breadth: int = field(default=1, metadata={"help": "SGLang's draft-tree breadth; radixrt drafts one chain, so this has no effect"})
-    speculative_ngram_max_bfs_breadth: int = field(default=10, metadata={"help": "SGLang's draft-tree breadth; radixrt drafts one chain, so this has no effect"})
-    speculative_ngram_match_type: str = field(default="BFS", metadata={"help": "SGLang's draft-tree shape (BFS or PROB); radixrt drafts one chain, so this has no effect"})
-    speculative_ngram_branch_length: int = field(default=18, metadata={"help": "SGLang's n-gram trie depth; radixrt matches whole recent texts, so this has no effect"})
+    speculative_ngram_min_bfs_breadth: int = field(default=1, metadata={"no_effect": "radixrt drafts one chain of tokens, not a tree"})
+    speculative_ngram_max_bfs_breadth: int = field(default=10, metadata={"no_effect": "radixrt drafts one chain of tokens, not a tree"})
+    speculative_ngram_match_type: str = field(default="BFS", metadata={"no_effect": "radixrt drafts one chain of tokens, not a tree (BFS or PROB)"})
+    speculative_ngram_branch_length: int = field(default=18, metadata={"no_effect": "radixrt matches whole recent texts, not a trie of bounded depth"})
     # ----- tensor parallelism (docs/SCALING.md) -----
-    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks: each holds 1/N of the heads and MLP (gloo on a CPU, NCCL on CUDA)"})
+    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks: each holds 1/N of the heads and MLP (gloo on a CPU, NCCL on CUDA)", "aliases": ("--tp", "--tensor-parallel-size")})
     nnodes: int = field(default=1, metadata={"help": "nodes the tensor-parallel ranks span (tp_size / nnodes ranks on each)"})
     node_rank: int = field(default=0, metadata={"help": "this node's index; nodes other than 0 run model ranks only (no HTTP)"})
-    dist_init_addr: str | None = field(default=None, metadata={"help": "HOST:PORT where the ranks meet (node 0's address; default: a free local port)"})
-    dp_size: int = field(default=1, metadata={"help": "data-parallel replicas: N > 1 starts N servers behind sglang-router's cache_aware policy (docs/SCALING.md)"})
+    dist_init_addr: str | None = field(default=None, metadata={"help": "HOST:PORT where the ranks meet (node 0's address; default: a free local port)", "aliases": ("--nccl-init-addr",)})
+    dp_size: int = field(default=1, metadata={"help": "data-parallel replicas: N > 1 starts N servers behind sglang-router's cache_aware policy (docs/SCALING.md)", "aliases": ("--dp", "--data-parallel-size")})
     host: str = field(default="127.0.0.1", metadata={"help": "HTTP host"})
     port: int = field(default=30000, metadata={"help": "HTTP port"})
     served_model_name: str | None = field(default=None, metadata={"help": "model name reported by /v1/models"})
@@ -84,9 +109,47 @@ class ServerArgs:
     max_messages: int = field(default=1024, metadata={"help": "most messages in one chat request"})
     max_tools: int = field(default=128, metadata={"help": "most tools in one chat request"})
     # ----- tool calling (docs/FEATURES.md) -----
-    tool_call_parser: str = field(default="auto", metadata={"help": "tool-call format: auto (from the chat template), hermes (also qwen25, qwen3), llama3, mistral"})
+    tool_call_parser: str = field(default="auto", metadata={"help": "tool-call format: auto (from the chat template), hermes (also qwen, qwen25, qwen3), llama3 (also llama3_json, llama), mistral", "choices": TOOL_CALL_PARSERS})
     disable_tool_call_constraints: bool = field(default=False, metadata={"help": "let the model write tool calls freely instead of under each tool's JSON schema"})
     log_requests: bool = field(default=False, metadata={"help": "log each request's prompt and output text (off: sizes and timings only)"})
+    # ----- reasoning models (docs/FEATURES.md) -----
+    reasoning_parser: str | None = field(default=None, metadata={"help": "split a reasoning model's <think> block into reasoning_content: deepseek-r1 (reasoning from the first token), qwen3 (from a <think>, or from the first token when the prompt ends in one), qwen3-thinking (from the first token)", "choices": REASONING_PARSERS})
+    # ----- SGLang's launch flags that radixrt serves by other means -----
+    tokenizer_path: str | None = field(default=None, metadata={"help": "load the tokenizer from this folder (default: the model's)"})
+    mem_fraction_static: float | None = field(default=None, metadata={"help": "fraction of the device's memory for weights plus KV pool (SGLang's meaning: the pool gets what is left of it after the weights; on a CPU, of the memory available at start-up); --kv-memory-gb wins"})
+    max_total_tokens: int | None = field(default=None, metadata={"help": "fix the pool size in tokens (rounded up to whole pages)"})
+    chat_template: str | None = field(default=None, metadata={"help": "a Jinja chat template file to use instead of the tokenizer's"})
+    log_level: str = field(default="info", metadata={"help": "logging level of every process", "choices": LOG_LEVELS})
+    log_level_http: str | None = field(default=None, metadata={"help": "logging level of the HTTP server, with an access log line per request at info or debug (default: warning, no access log)", "choices": LOG_LEVELS})
+    # ----- SGLang's launch flags that cannot change radixrt's results: accepted, no effect -----
+    trust_remote_code: bool = field(default=False, metadata={"no_effect": "radixrt runs its own model code, never a checkpoint's"})
+    enable_metrics: bool = field(default=False, metadata={"no_effect": "/metrics always answers"})
+    is_embedding: bool = field(default=False, metadata={"no_effect": "every server answers /v1/embeddings and generates"})
+    enable_cache_report: bool = field(default=False, metadata={"no_effect": "usage always reports cached tokens"})
+    enable_priority_scheduling: bool = field(default=False, metadata={"no_effect": "the scheduler always honours request priorities"})
+    skip_server_warmup: bool = field(default=False, metadata={"no_effect": "radixrt warms up while it loads, before it listens"})
+    enable_torch_compile: bool = field(default=False, metadata={"no_effect": "a speed option; radixrt's kernels are compiled ahead"})
+    disable_custom_all_reduce: bool = field(default=False, metadata={"no_effect": "radixrt reduces through torch.distributed"})
+    enable_p2p_check: bool = field(default=False, metadata={"no_effect": "a CUDA peer-access check"})
+    show_time_cost: bool = field(default=False, metadata={"no_effect": "a profiling print"})
+    watchdog_timeout: float | None = field(default=None, metadata={"no_effect": "a batch that fails is failed, not waited on"})
+    stream_interval: int | None = field(default=None, metadata={"no_effect": "streams send what each scheduler step produced"})
+    max_prefill_tokens: int | None = field(default=None, metadata={"no_effect": "a prefill step's tokens are bounded by --chunked-prefill-size"})
+    schedule_conservativeness: float | None = field(default=None, metadata={"no_effect": "admission reserves pages by its own decaying ratio"})
+    decode_log_interval: int | None = field(default=None, metadata={"no_effect": "stats are logged every --log-interval seconds"})
+    base_gpu_id: int | None = field(default=None, metadata={"no_effect": "radixrt uses the first visible GPU (set CUDA_VISIBLE_DEVICES)"})
+    download_dir: str | None = field(default=None, metadata={"no_effect": "hub downloads go to the Hugging Face cache"})
+    file_storage_path: str | None = field(default=None, metadata={"no_effect": "radixrt has no files API"})
+    load_format: str = field(default="auto", metadata={"no_effect": "the format is read from the path (a folder of safetensors, or a .gguf file)", "choices": ("auto", "safetensors", "gguf")})
+    # ----- SGLang's launch flags asking for what radixrt does not serve: refused unless they ask for nothing -----
+    quantization: str | None = field(default=None, metadata={"refused": ("quantized inference (a GGUF file is dequantized at load)", (None,))})
+    kv_cache_dtype: str = field(default="auto", metadata={"refused": ("a KV cache dtype other than the model's", ("auto",))})
+    tokenizer_mode: str = field(default="auto", metadata={"refused": ("the slow tokenizer", ("auto",))})
+    skip_tokenizer_init: bool = field(default=False, metadata={"refused": ("serving without a tokenizer", (False,))})
+    enable_lora: bool = field(default=False, metadata={"refused": ("LoRA adapters", (False,))})
+    lora_paths: str | None = field(default=None, metadata={"refused": ("LoRA adapters", (None,))})
+    json_model_override_args: str = field(default="{}", metadata={"refused": ("overriding the model's config", ("{}", ""))})
+    revision: str | None = field(default=None, metadata={"refused": ("a hub revision other than the default", (None, "main"))})
 
     SECRETS = ("api_key", "admin_api_key")
 
@@ -103,6 +166,14 @@ class ServerArgs:
             self.speculative_algorithm = "NGRAM"
         if self.speculative_ngram_match_type.upper() not in ("BFS", "PROB"):
             raise ValueError("speculative_ngram_match_type must be BFS or PROB")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            choices = f.metadata.get("choices")
+            if choices is not None and value is not None and value not in choices:
+                raise ValueError(f"{f.name} must be one of {', '.join(choices)}; got {value!r}")
+            refused = f.metadata.get("refused")
+            if refused is not None and value not in refused[1]:
+                raise ValueError(f"{f.name}={value!r}: radixrt does not serve {refused[0]}")
 
     def public_dict(self) -> dict[str, Any]:
         """Every option, with the keys masked: what may be shown or logged."""
@@ -115,27 +186,57 @@ class ServerArgs:
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         for f in fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            help_text = f.metadata.get("help", "")
+            flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
+            help_text = _help(f)
             if f.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", help=help_text)
+                parser.add_argument(*flags, dest=f.name, action="store_true", help=help_text)
                 continue
             kind = _CLI_TYPES.get(str(f.type))
             if kind is None:
                 raise TypeError(f"ServerArgs.{f.name}: no command-line parser for type {f.type}")
-            parser.add_argument(flag, type=kind, default=f.default, help=f"{help_text} (default: {f.default})")
+            parser.add_argument(*flags, dest=f.name, type=kind, default=f.default, help=help_text,
+                                choices=f.metadata.get("choices"))
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
     @classmethod
+    def keyword_names(cls) -> dict[str, str]:
+        """Every keyword ``from_kwargs`` takes -> its option: the options' names and their aliases."""
+        names = {f.name: f.name for f in fields(cls)}
+        for f in fields(cls):
+            names.update({alias[2:].replace("-", "_"): f.name for alias in f.metadata.get("aliases", ())})
+        return names
+
+    @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - known)
+        """The options from keyword arguments (SGLang's names too: ``model_path``, ``tp``, ...); TypeError for an
+        unknown one or an option given twice under two names, ValueError for a value the option refuses."""
+        names = cls.keyword_names()
+        unknown = sorted(set(kwargs) - set(names))
         if unknown:
             raise TypeError(f"unknown runtime option(s): {', '.join(unknown)}")
-        return cls(**kwargs)
+        options: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            name = names[key]
+            if name in options:
+                raise TypeError(f"runtime option {name} given twice (as {key} and another name)")
+            options[name] = value
+        return cls(**options)
 
     def replace(self, **changes: Any) -> "ServerArgs":
         return dataclasses.replace(self, **changes)
+
+
+def _help(f: dataclasses.Field) -> str:
+    """A flag's help: its text, what SGLang's flags radixrt accepts do here, and its default (once)."""
+    no_effect, refused = f.metadata.get("no_effect"), f.metadata.get("refused")
+    if no_effect is not None:
+        return f"SGLang's flag, accepted with no effect: {no_effect}"
+    if refused is not None:
+        return f"SGLang's flag, refused unless {' or '.join(map(str, refused[1]))}: radixrt does not serve {refused[0]}"
+    text = f.metadata.get("help", "")
+    if f.default in (None, False) or "default" in text:
+        return text
+    return f"{text} (default: {f.default})"

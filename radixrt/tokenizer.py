@@ -7,10 +7,27 @@ from pathlib import Path
 from typing import Any
 
 
-def load_tokenizer(model_path: Path):
+def load_tokenizer(model_path: Path | str, chat_template: str | None = None):
+    """The tokenizer in ``model_path``; ``chat_template``: a Jinja template file that replaces its own."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if chat_template is not None:
+        tokenizer.chat_template = read_chat_template(chat_template)
+    return tokenizer
+
+
+def read_chat_template(path: str) -> str:
+    """The Jinja text of a chat template file (``--chat-template``); ValueError naming what is wrong."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"--chat-template {path!r} is not a file (radixrt takes a Jinja template file)")
+    text = file.read_text()
+    if file.suffix == ".json":  # a tokenizer_config.json-like file holding the template
+        text = json.loads(text).get("chat_template") or ""
+    if not text.strip():
+        raise ValueError(f"--chat-template {path!r} holds no template")
+    return text
 
 
 def eos_token_ids(model_path: Path, tokenizer) -> set[int]:

@@ -1,12 +1,14 @@
 """`radixrt serve --dp-size N`: N workers behind sglang-router's cache_aware policy, supervised by one process.
 
-Refusals run in-process; the slow test starts `radixrt serve --dp-size 2` and checks answers, SIGTERM and a
-worker's death (the launcher exits 1 and leaves no process behind).
+Refusals run in-process; the slow test starts `radixrt serve --dp-size 2` and checks answers and SIGTERM, then
+starts the same through `sgl.Runtime(dp_size=2)` and checks an answer and a worker's death (the launcher exits 1
+and leaves no process behind).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import time
@@ -14,6 +16,7 @@ import time
 import httpx
 import pytest
 
+import radixrt as sgl
 from radixrt.server.dp_launch import check_dp_args, serve_dp, worker_argv
 from radixrt.server.server_process import ServerProcess
 from radixrt.server_args import ServerArgs
@@ -101,12 +104,16 @@ def test_dp_size_two_serves_and_stops_cleanly(default_model_path) -> None:
         assert _gone(kids) == set()
     finally:
         dp.stop(signal.SIGKILL)
-    dp = ServerProcess([*ARGS, "--dp-size", "2"], timeout=600).start()
+    # SGLang's way to the same replicas: sgl.Runtime(dp_size=2) launches `radixrt serve --dp-size 2`
+    runtime = sgl.Runtime(model_path="smollm2-135m", dp_size=2, dtype="float32", kv_memory_gb=0.2, log_interval=0,
+                          served_model_name="radixrt-dp", launch_timeout=600)
     try:
-        kids = _children(dp.proc.pid)
+        assert json.loads(runtime.generate("Paris is", GREEDY))["text"] == direct
+        launcher = runtime.server.proc
+        kids = _children(launcher.pid)
         worker = next(pid for pid in sorted(kids) if b"radixrt.cli" in open(f"/proc/{pid}/cmdline", "rb").read())
         os.kill(worker, signal.SIGKILL)
-        assert dp.proc.wait(60) == 1, dp.output[-3000:]
+        assert launcher.wait(60) == 1, runtime.server.output[-3000:]
         assert _gone(kids) == set()
     finally:
-        dp.stop(signal.SIGKILL)
+        runtime.shutdown()

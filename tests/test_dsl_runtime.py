@@ -96,19 +96,29 @@ def test_sglang_runtime_methods(runtime, engine, default_model_path):
 def test_bad_options_fail_clearly(runtime):
     with pytest.raises(TypeError, match="not_a_radixrt_option"):
         sgl.Runtime(model_path="smollm2-135m", not_a_radixrt_option=3, launch_timeout=120)
-    with pytest.raises(TypeError, match="kv_memory$"):  # an abbreviation the server's parser would take
+    with pytest.raises(TypeError, match="kv_memory$"):  # an abbreviation is not an option's name
         sgl.Runtime(model_path="smollm2-135m", kv_memory=0.05, dtype="float32", log_interval=0)
-    for options in ({"lora_paths": ["adapter"]}, {"dp_size": 2}, {"quantization": "fp8"},
-                    {"tokenizer_path": "/elsewhere"}):
+    for options in ({"lora_paths": "adapter"}, {"quantization": "fp8"}, {"kv_cache_dtype": "fp8_e4m3"},
+                    {"dtype": "bf15"}):
         with pytest.raises(ValueError, match=next(iter(options))):
             sgl.Runtime(model_path="smollm2-135m", **options)
 
 
 def test_options_become_server_flags():
-    assert server_flags({"model_path": "m", "tp_size": 1, "mem_fraction_static": 0.5, "log_level_http": "x",
-                         "disable_radix_cache": True, "enable_mixed_chunk": False, "dp_size": 1,
-                         "max_total_tokens": 100, "page_size": 16}) == [
-        "--model", "m", "--tp-size", "1", "--disable-radix-cache", "--page-size", "16", "--max-total-pages", "7"]
+    assert server_flags({"model_path": "m", "tp_size": 1, "mem_fraction_static": 0.5, "log_level_http": "info",
+                         "disable_radix_cache": True, "enable_mixed_chunk": False, "dp_size": 2,
+                         "max_total_tokens": 100, "tokenizer_path": None}) == [
+        "--model-path", "m", "--tp-size", "1", "--mem-fraction-static", "0.5", "--log-level-http", "info",
+        "--disable-radix-cache", "--dp-size", "2", "--max-total-tokens", "100"]
+
+
+def test_the_default_backend_is_the_runtime_set(runtime):
+    sgl.set_default_backend(runtime)
+    try:
+        assert sgl.global_config.default_backend is runtime
+        assert sgl.global_config.default_backend.endpoint is runtime.endpoint  # what SGLang programs read
+    finally:
+        sgl.set_default_backend(None)
 
 
 def test_shutdown_leaves_no_process(runtime):

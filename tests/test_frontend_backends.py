@@ -11,6 +11,7 @@ import pytest
 import radixrt as sgl
 from radixrt.frontend.backend.engine import EngineBackend
 from radixrt.frontend.backend.runtime_endpoint import RuntimeEndpoint
+from radixrt.frontend.run import resolve_backend
 from fake_engine import FakeEngine, mock_transport
 
 
@@ -138,10 +139,11 @@ class RecordingEngine(FakeEngine):
 
 def test_engine_backend_calls_and_auto_wrapping():
     engine = RecordingEngine(responder=lambda p, sp: " ok")
-    sgl.set_default_backend(engine)  # an engine object is wrapped in an EngineBackend
+    sgl.set_default_backend(engine)  # kept as set (SGLang's); wrapped in an EngineBackend when a program runs
     try:
-        assert isinstance(sgl.global_config.default_backend, EngineBackend)
-        assert sgl.global_config.default_backend.engine is engine
+        assert sgl.global_config.default_backend is engine
+        wrapper = resolve_backend()
+        assert isinstance(wrapper, EngineBackend) and wrapper.engine is engine
 
         @sgl.function
         def prog(s):
@@ -165,7 +167,7 @@ def test_engine_backend_calls_and_auto_wrapping():
         assert sgl.get_server_info()["model_path"] == "fake/fake-model"
         assert sgl.flush_cache() is True
         # The same engine maps to the same wrapper.
-        assert prog.run(backend=engine).stream_executor.backend is sgl.global_config.default_backend
+        assert prog.run(backend=engine).stream_executor.backend is wrapper
     finally:
         sgl.set_default_backend(None)
 

@@ -21,13 +21,14 @@ PACKAGES = {"radixrt": "radixrt", "frontend": "radixrt.frontend", "kernels": "ra
 # Importer prefix -> the radixrt modules it may import (prefixes), at module level or lazily.
 # The first matching importer prefix wins, so the more specific ones come first.
 ALLOWED: list[tuple[str, tuple[str, ...]]] = [
-    ("radixrt.frontend", ("radixrt.frontend", "radixrt.procs")),
+    ("radixrt.frontend", ("radixrt.frontend", "radixrt.procs", "radixrt.reasoning")),
     ("radixrt.kernels", ("radixrt.kernels",)),
     ("radixrt.token_ids", ()),
     ("radixrt.device_copy", ()),
     ("radixrt.procs", ()),
     ("radixrt.env", ()),
     ("radixrt.metrics", ()),
+    ("radixrt.reasoning", ("radixrt.reasoning", "radixrt.tools.markers")),
     ("radixrt.memory", ("radixrt.memory", "radixrt.token_ids")),
     ("radixrt.sampling", ("radixrt.sampling", "radixrt.device_copy")),
     ("radixrt.constrained", ("radixrt.constrained", "radixrt.token_ids")),
@@ -45,7 +46,8 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
                            "radixrt.token_ids", "radixrt.metrics")),
 ]
 # The top of the stack: nothing else imports these (radixrt/__init__.py re-exports the frontend).
-UPPER = ("radixrt.engine", "radixrt.server", "radixrt.frontend", "radixrt.bench", "radixrt.cli")
+UPPER = ("radixrt.engine", "radixrt.server", "radixrt.frontend", "radixrt.bench", "radixrt.cli",
+         "radixrt.launch_server")
 # Modules the HTTP process and the Engine may load only inside a function (they pull in torch and the model).
 HEAVY = ("radixrt.scheduler.scheduler", "radixrt.loaded_model", "radixrt.model", "radixrt.lockstep", "torch",
          "transformers")

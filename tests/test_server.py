@@ -32,7 +32,7 @@ def oai(server):
 
 @pytest.fixture(scope="module")
 def engine(server):  # after the server, so both never load the model at the same time
-    with radixrt.Engine(dtype="float32", kv_memory_gb=0.1, log_interval=0) as eng:
+    with radixrt.Engine(model_path="smollm2-135m", dtype="float32", kv_memory_gb=0.1, log_interval=0) as eng:
         yield eng
 
 

@@ -50,9 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     args_json, rank, init_addr, parent_pid = argv[0], int(argv[1]), argv[2], int(argv[3])
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; rank 0 stops us
-    logging.basicConfig(level=logging.INFO, format=f"[tp rank {rank} %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    args = ServerArgs(**json.loads(args_json))
+    logging.basicConfig(level=args.log_level.upper(), format=f"[tp rank {rank} %(asctime)s] %(message)s",
+                        datefmt="%H:%M:%S")
     try:
-        run(ServerArgs(**json.loads(args_json)), rank, init_addr)
+        run(args, rank, init_addr)
     except BaseException:
         logger.exception("tensor-parallel rank %d failed", rank)
         return 1

@@ -151,6 +151,18 @@ def default_budget_bytes(device: torch.device) -> int:
     return int(available_memory_bytes() * CPU_SHARE_OF_AVAILABLE)
 
 
+def fraction_budget_bytes(device: torch.device, fraction: float) -> int:
+    """SGLang's ``--mem-fraction-static``: weights plus pool take ``fraction`` of the device's memory, so the pool
+    gets what is left of that share after what is in use now (the weights, loaded before the pool). On a CPU the
+    share is of the memory available at start-up, which the weights have already taken from."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"mem_fraction_static must be in (0, 1], got {fraction}")
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return max(int(total * fraction) - (total - free), 0)
+    return int(available_memory_bytes() * fraction)
+
+
 def available_memory_bytes() -> int:
     """MemAvailable from /proc/meminfo (Linux), else the physical memory."""
     try:

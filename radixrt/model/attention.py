@@ -31,7 +31,7 @@ from radixrt.model.forward_batch import ForwardBatch
 if TYPE_CHECKING:
     from radixrt.model.layers import RotaryEmbedding
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "torch_native", "triton")  # torch_native: SGLang's name for torch
 
 
 class AttentionBackend(ABC):

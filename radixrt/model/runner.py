@@ -24,7 +24,7 @@ import torch
 
 from radixrt import env
 from radixrt.kernels import cpu_kernels
-from radixrt.memory.page_pool import KVLayout, PagePool, default_budget_bytes
+from radixrt.memory.page_pool import KVLayout, PagePool, default_budget_bytes, fraction_budget_bytes
 from radixrt.model.cpu_malloc import keep_freed_memory
 from radixrt.model.attention import AttentionBackend, create_attention_backend
 from radixrt.model.cuda_graph import CudaGraphFactory, GraphFactory, GraphRunner
@@ -48,8 +48,8 @@ DEFAULT_CUDA_GRAPH_MAX_BS = 256
 
 # What `--dtype auto` resolves to, whatever the CPU: float32 or bfloat16 (unset: bf16 where the CPU runs it fast).
 AUTO_DTYPE_ENV = "RADIXRT_AUTO_DTYPE"
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
 
 
 def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
@@ -126,6 +126,7 @@ class ModelRunner:
         disable_cuda_graph: bool = False,
         cuda_graph_max_bs: int | None = None,
         graph_factory: GraphFactory | None = None,
+        mem_fraction_static: float | None = None,
     ) -> None:
         started = time.perf_counter()
         self.model_path = Path(model_path)
@@ -153,6 +154,8 @@ class ModelRunner:
             page_size=page_size,
             dtype=self.dtype,
         )
+        if kv_memory_gb is None and mem_fraction_static is not None:
+            kv_memory_gb = fraction_budget_bytes(self.device, mem_fraction_static) / 1024**3
         if world is not None:
             num_pages = world.agree_min(num_pages or self._pages_per_rank(layout, kv_memory_gb, world))
             self.pool = (MirroredPagePool if world.rank == 0 else PagePool)(layout, num_pages, self.device)
@@ -204,8 +207,12 @@ class ModelRunner:
 
     @classmethod
     def from_args(cls, model_path: Path, args: ServerArgs, world: TPWorld | None = None) -> "ModelRunner":
-        return cls(model_path, dtype=args.dtype, page_size=args.page_size, num_pages=args.max_total_pages,
-                   kv_memory_gb=args.kv_memory_gb, attention_backend=args.attention_backend,
+        num_pages = args.max_total_pages
+        if num_pages is None and args.max_total_tokens is not None:
+            num_pages = -(-args.max_total_tokens // args.page_size)
+        return cls(model_path, dtype=args.dtype, page_size=args.page_size, num_pages=num_pages,
+                   kv_memory_gb=args.kv_memory_gb, mem_fraction_static=args.mem_fraction_static,
+                   attention_backend=args.attention_backend,
                    context_length=args.context_length, device=args.device, world=world,
                    disable_cuda_graph=args.disable_cuda_graph,
                    cuda_graph_max_bs=args.cuda_graph_max_bs or min(args.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS))

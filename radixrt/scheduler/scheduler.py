@@ -83,8 +83,10 @@ class Scheduler:
     ) -> None:
         if args.schedule_policy not in POLICIES:
             raise ValueError(f"unknown schedule policy {args.schedule_policy!r}; choose one of {POLICIES}")
+        if args.chunked_prefill_size == -1:  # SGLang's "no chunking": a whole prompt in one step
+            args = args.replace(chunked_prefill_size=runner.context_length)
         if args.chunked_prefill_size < 1:
-            raise ValueError("chunked_prefill_size must be >= 1")
+            raise ValueError("chunked_prefill_size must be >= 1, or -1 (no chunking)")
         if args.priority_scheduling_preemption_threshold < 0:
             raise ValueError("priority_scheduling_preemption_threshold must be >= 0")
         self.args = args

@@ -60,6 +60,7 @@ def run(model_path: str, paths: IpcPaths, parent_pid: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     model_path, ipc_dir, parent_pid = argv[0], argv[1], int(argv[2])
+    log_level = argv[3] if len(argv) > 3 else "info"
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, _term)
-    logging.basicConfig(level=logging.INFO, format="[detokenizer %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=log_level.upper(), format="[detokenizer %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     try:
         run(model_path, IpcPaths(ipc_dir), parent_pid)
     except SystemExit:

@@ -92,7 +92,7 @@ def serve(args: ServerArgs) -> int:
 
     from radixrt.distributed.options import check_dist_args
 
-    logging.basicConfig(level=logging.INFO, format="[server %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=args.log_level.upper(), format="[server %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     if args.dp_size != 1:  # replicas behind sglang-router (docs/SCALING.md)
         from radixrt.server.dp_launch import serve_dp
 
@@ -131,10 +131,12 @@ def serve(args: ServerArgs) -> int:
         pid = str(os.getpid())
         procs["scheduler"] = _spawn("radixrt.server.scheduler_process",
                                     [json.dumps(_without_secrets(args)), ipc_dir, pid], compute_env)
-        procs["detokenizer"] = _spawn("radixrt.server.detokenizer_process", [model_path, ipc_dir, pid], helper_env)
+        tokenizer_path = args.tokenizer_path or model_path
+        procs["detokenizer"] = _spawn("radixrt.server.detokenizer_process",
+                                      [tokenizer_path, ipc_dir, pid, args.log_level], helper_env)
         from radixrt.tokenizer import load_tokenizer
 
-        tokenizer = load_tokenizer(model_path)
+        tokenizer = load_tokenizer(tokenizer_path, args.chat_template)
         torch_single_thread()
         code = asyncio.run(_main(args, paths, tokenizer, procs))
     except KeyboardInterrupt:
@@ -219,7 +221,9 @@ def _http_server(args: ServerArgs, app: FastAPI) -> uvicorn.Server:
     guarded = RequestGuard(app, api_key=args.api_key, admin_api_key=args.admin_api_key,
                            max_body_bytes=args.max_request_bytes, body_timeout=args.request_body_timeout)
     GuardedH11Protocol.header_timeout = args.request_header_timeout
-    config = uvicorn.Config(guarded, host=args.host, port=args.port, log_level="warning", access_log=False,
+    http_level = args.log_level_http or "warning"
+    config = uvicorn.Config(guarded, host=args.host, port=args.port, log_level=http_level,
+                            access_log=http_level in ("info", "debug"),
                             lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=30,
                             http=GuardedH11Protocol, limit_concurrency=args.max_connections)
     return Server(config)

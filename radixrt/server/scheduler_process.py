@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _term)
     args = ServerArgs(**json.loads(args_json))
-    logging.basicConfig(level=logging.INFO, format="[scheduler %(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=args.log_level.upper(), format="[scheduler %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     proc = None
     try:
         proc = SchedulerProcess(args, IpcPaths(ipc_dir), parent_pid)
