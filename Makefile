@@ -3,9 +3,6 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# The repository root holds kernels/ (installed as radixrt.kernels); with the root on sys.path it would shadow
-# PyPI's `kernels` package, which transformers imports. Python 3.11+ then leaves the working directory out.
-export PYTHONSAFEPATH := 1
 
 .PHONY: demo test test-fast test-dtypes model kernels venv clean
 

@@ -58,10 +58,9 @@ def follower_args(args: ServerArgs) -> str:
 
 
 def spawn_follower(args: ServerArgs, rank: int, init_addr: str) -> subprocess.Popen:
-    # PYTHONSAFEPATH: see radixrt.server.launch._spawn (a checkout's kernels/ folder must not shadow PyPI's).
     argv = [sys.executable, "-m", "radixrt.distributed.follower", follower_args(args), str(rank), init_addr,
             str(os.getpid())]
-    return subprocess.Popen(argv, env={**os.environ, "PYTHONSAFEPATH": "1"}, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 
 
 def rank_device(args: ServerArgs, rank: int) -> str:

@@ -54,10 +54,7 @@ class StartupFailed(RuntimeError):
 
 
 def _spawn(module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-    # PYTHONSAFEPATH: `-m` would put the working directory first on sys.path; in a checkout of this repository
-    # its kernels/ folder would then shadow PyPI's `kernels` package, which transformers imports.
-    return subprocess.Popen([sys.executable, "-m", module, *argv], env={**env, "PYTHONSAFEPATH": "1"},
-                            stdin=subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, "-m", module, *argv], env=env, stdin=subprocess.DEVNULL)
 
 
 def _stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
