@@ -174,6 +174,23 @@ class Engine:
         results = [self._result(h) for h in handles]
         return results if prepared.batched or len(results) > 1 else results[0]
 
+    def encode(self, prompt: str | list[str] | None = None, input_ids: list[int] | list[list[int]] | None = None,
+               rid: str | list[str] | None = None) -> dict | list[dict]:
+        """SGLang's ``Engine.encode``: each prompt's embedding (the last token's final hidden state, unit length;
+        radixrt.scheduler.embedding) as ``{"embedding": [...], "meta_info": {...}}``, a list for a list of
+        prompts. The prompts go through the request path and the scheduler as prefill-only requests."""
+        waker = ThreadWaker()
+        prepared, handles = self._submit(GenerateInput(text=prompt, input_ids=input_ids, rid=rid, embed=True), waker)
+        try:
+            while not all(h.finished for h in handles):
+                if not waker.wait(POLL_SECONDS):
+                    self._check_alive()
+        except BaseException:
+            self.client.abort_unfinished(handles)
+            raise
+        results = [self._result(h) for h in handles]
+        return results if prepared.batched else results[0]
+
     def _changed(self, handle: Handle, seen: tuple | None) -> tuple[dict | None, tuple]:
         """(the response if it changed since ``seen``, else None; what was seen now): a stream's next chunk."""
         progress = self.client.progress(handle)

@@ -1,4 +1,4 @@
-"""Assembles one request's streamed deltas into SGLang's native response dict.
+"""Assembles one request's streamed deltas into SGLang's native response dict (an embedding request's: its vector).
 
 ``meta["finish_reason"]`` is SGLang's dict (``FinishReason.to_dict()``); ``finish_reason`` keeps the typed one.
 """
@@ -31,6 +31,7 @@ class ResponseBuilder:
         self.started = time.perf_counter()
         self.first_token_time: float | None = None
         self.finish_reason: FinishReason | None = None
+        self.embedding: list[float] | None = None  # an embedding request's answer
 
     @property
     def finished(self) -> bool:
@@ -57,6 +58,8 @@ class ResponseBuilder:
             self.meta["output_token_logprobs"].extend(_entries(d.output_logprobs or []))
             if self.top_logprobs_num:
                 self.meta["output_top_logprobs"].extend(_entries(t) for t in (d.output_top_logprobs or []))
+        if d.embedding is not None:
+            self.embedding = d.embedding
         if d.finish_reason is not None:
             self.finish_reason = d.finish_reason
             self.meta["finish_reason"] = self.finish_reason.to_dict()
@@ -64,4 +67,8 @@ class ResponseBuilder:
         return out.text
 
     def to_dict(self) -> dict[str, Any]:
+        """SGLang's native dict: text, output ids and meta info, or for an embedding request (SGLang's
+        ``encode``) the embedding and meta info."""
+        if self.embedding is not None:
+            return {"embedding": list(self.embedding), "meta_info": dict(self.meta)}
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": dict(self.meta)}

@@ -14,7 +14,9 @@ from radixrt.server.openapi import BOUNDS, ApiLimits, build_openapi
 ROUTES = {"/generate": {"post"}, "/v1/completions": {"post"}, "/v1/chat/completions": {"post"},
           "/v1/models": {"get"}, "/get_model_info": {"get"}, "/get_server_info": {"get"},
           "/flush_cache": {"get", "post"}, "/abort_request": {"post"}, "/health": {"get"}, "/metrics": {"get"},
-          "/open_session": {"post"}, "/close_session": {"post"}}
+          "/open_session": {"post"}, "/close_session": {"post"}, "/tokenize": {"post"}, "/detokenize": {"post"},
+          "/v1/tokenize": {"post"}, "/v1/detokenize": {"post"}, "/v1/models/{model}": {"get"},
+          "/health_generate": {"get"}, "/v1/embeddings": {"post"}}
 
 
 def _accepts(field: str, value) -> bool:
@@ -152,7 +154,7 @@ def test_extreme_int64_values_never_5xx(server, path, body):
 def test_bounded_fuzz_run_passes_every_check_with_no_hang(server):
     report = run_fuzz(server.url, max_examples=6, timeout=30.0, seed=1)
     print(report.render())
-    assert report.cases >= 40 and len(report.operations) == 16
+    assert report.cases >= 40 and len(report.operations) == 23
     assert report.server_errors == [] and report.hangs == []
     assert report.check_failures == []  # every schemathesis check: statuses, bodies, negative and positive data
     assert report.statuses[200] > 0 and report.statuses[400] > 0

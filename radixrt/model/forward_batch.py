@@ -53,6 +53,9 @@ class ForwardBatch:
     max_extend_len: int = 0  # the host's copies of max(extend_lens) and max(seq_lens)
     max_seq_len: int = 0
     attn_cache: dict = field(default_factory=dict)  # what the attention backend derives once per forward
+    # Embedding requests: the forward also keeps the final norm's output at the logits rows (rank 0 only).
+    return_hidden: bool = False
+    hidden_states: torch.Tensor | None = None  # [logits rows, hidden], set by the forward when return_hidden
 
     @property
     def batch_size(self) -> int:

@@ -184,12 +184,15 @@ class LlamaForCausalLM(nn.Module):
         return packed + (self.packed_head is not None)
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        """Logits (fp32) at ``batch.logits_indices``."""
+        """Logits (fp32) at ``batch.logits_indices``; with ``batch.return_hidden`` the final norm's output at those
+        rows goes to ``batch.hidden_states`` too."""
         x, residual = self.embed_tokens(batch.input_ids), None
         for layer in self.layers:
             x, residual = layer(batch.positions, x, residual, batch, attn)
         rows = batch.logits_indices
         x, _ = self.norm.add_forward(x[rows], residual[rows])
+        if batch.return_hidden:
+            batch.hidden_states = x
         if self.packed_head is not None:
             logits = packed_linear(x, self.packed_head)
         else:

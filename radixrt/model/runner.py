@@ -242,7 +242,7 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits (fp32) of the batch's logits rows. From a graph replay they are a view of the graph's output:
         read them before the next forward."""
-        if self.graphs is not None and self.graphs.can_run(batch):
+        if self.graphs is not None and not batch.return_hidden and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         if self.world is None:
             return self.model(batch, self.attention)

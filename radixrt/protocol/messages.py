@@ -40,6 +40,7 @@ class GenerateReq(msgspec.Struct, tag=True):
     grammar: tuple[str, str] | None = None  # (kind, spec) of a constrained request
     priority: int | None = None  # SGLang's request priority (None: the default)
     session: SessionParams | None = None
+    embed: bool = False  # prefill only: the answer is the prompt's pooled hidden state, not tokens
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -120,6 +121,7 @@ class ReqDelta(msgspec.Struct):
     spec_verify_ct: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    embedding: list[float] | None = None  # an embedding request's vector, with its finish
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):

@@ -7,7 +7,9 @@ arguments, /generate decodes one from its body, the OpenAI routes build one from
 
 ``prepare`` checks everything cheap before any text is tokenized, then validates every sequence
 (``validate_request``) before anything is queued; ``expand`` turns each prompt into ``n`` messages (n > 1:
-seeds seed, seed+1, ...; the copies share the prompt through the prefix cache). Torch-free.
+seeds seed, seed+1, ...; the copies share the prompt through the prefix cache). An embedding call (``embed``)
+takes the same path as a prefill-only request (``max_new_tokens`` 0, no sampling parameters, no logprobs, no
+stream, no session) whose answer is the prompt's pooled hidden state. Torch-free.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class GenerateInput:
     priority: Any = None
     session_params: Any = None
     rid: Any = None  # a request id, or one per sample: replaces generated ids
+    embed: bool = False  # an embedding call: prefill only, the answer a vector
 
     @classmethod
     def of_call(cls, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
@@ -65,6 +68,7 @@ class Prepared:
     session: SessionParams | None = None
     stream: bool = False
     rids: list[str] | None = None
+    embed: bool = False
 
     @property
     def num_sequences(self) -> int:
@@ -122,6 +126,22 @@ def _token_ids(values: Any) -> list[int]:
     return list(values)
 
 
+# an embedding request computes its prompt and nothing more
+EMBEDDING_PARAMS = SamplingParams(max_new_tokens=0)
+
+
+def _check_embedding_call(req: GenerateInput) -> None:
+    """An embedding call asks for a vector: nothing about sampling, logprobs, streams or sessions."""
+    if req.sampling_params not in (None, {}):
+        raise RequestError("an embedding request takes no sampling_params")
+    if req.return_logprob or req.top_logprobs_num or req.logprob_start_len not in (None, -1):
+        raise RequestError("an embedding request returns no logprobs")
+    if req.stream:
+        raise RequestError("an embedding request cannot be streamed")
+    if req.session_params not in (None, {}):
+        raise RequestError("an embedding request belongs to no session")
+
+
 def prepare(req: GenerateInput, *, encode: Callable[[str], list[int]], limits: ModelLimits,
             client_limits: ClientLimits = NO_LIMITS) -> Prepared:
     """Everything cheap is checked before the text is tokenized; then every sequence is validated."""
@@ -147,6 +167,8 @@ def prepare(req: GenerateInput, *, encode: Callable[[str], list[int]], limits: M
         if not ids:
             raise RequestError("input_ids must not be empty")
         count = len(ids)
+    if req.embed:
+        _check_embedding_call(req)
     if isinstance(req.sampling_params, list):
         if len(req.sampling_params) != count:
             raise RequestError(f"{len(req.sampling_params)} sampling_params for {count} prompts")
@@ -155,8 +177,10 @@ def prepare(req: GenerateInput, *, encode: Callable[[str], list[int]], limits: M
         params = [params_from(req.sampling_params)] * count
     for one_params in params:
         client_limits.check_params(one_params)
+    if req.embed:
+        params = [EMBEDDING_PARAMS] * count
     prepared = Prepared([], params, batched, req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
-                        priority, session, bool(req.stream), rids)
+                        priority, session, bool(req.stream), rids, req.embed)
     if req.stream and (batched or prepared.num_sequences != 1):
         raise RequestError("stream=True takes one prompt with n=1")
     if rids is not None and len(rids) != prepared.num_sequences:
@@ -190,5 +214,6 @@ def expand(prepared: Prepared, new_rid: Callable[[], str]) -> list[GenerateReq]:
                 grammar=grammar_of(q),
                 priority=prepared.priority,
                 session=prepared.session,
+                embed=prepared.embed,
             ))
     return messages

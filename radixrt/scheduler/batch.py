@@ -5,7 +5,8 @@ A plan lists ``(request, n)``: the forward computes the next ``n`` tokens of ``r
 budget, in admission order. The logits of a chunk's last token give the request's next token; prompt
 logprobs need the rows from their first position on. A decode with a speculative draft (``req.draft``,
 radixrt.scheduler.speculation) computes its last token and the draft, ``(req, 1 + len(draft))``, and needs
-every row.
+every row. A batch that ends an embedding request's prompt keeps the hidden states of its logits rows too
+(``ForwardBatch.return_hidden``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def logits_from(req: Req, n: int) -> int:
 def build_forward_batch(plan: Plan, page_size: int, device: torch.device | str) -> ForwardBatch:
     """The forward's metadata; every planned request's pages must already cover its new tokens."""
     chunks = [SeqChunk(_tokens(req, n), req.num_computed, req.pages, logits_from(req, n)) for req, n in plan]
-    return ForwardBatch.build(chunks, page_size, device)
+    batch = ForwardBatch.build(chunks, page_size, device)
+    batch.return_hidden = any(req.embed and req.num_computed + n == req.total_len for req, n in plan)
+    return batch
 
 
 def _tokens(req: Req, n: int) -> list[int]:

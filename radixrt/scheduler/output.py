@@ -1,7 +1,8 @@
 """After the forward: each request's logits become progress, a next token, perhaps its finish; then deltas.
 
 ``process`` takes a planned request ``(req, n)`` over its ``n`` computed tokens (prompt logprobs; a prefill
-chunk's whole pages go to the cache) and, once its whole fill is computed, samples its next token. The token
+chunk's whole pages go to the cache) and, once its whole fill is computed, samples its next token (an embedding
+request instead finishes with its pooled hidden state, radixrt.scheduler.embedding). The token
 is checked against the grammar, stop tokens, stop strings and the length limits, then jump-forward may append
 what the grammar forces. ``process`` returns the requests that progressed (a token is due, or finished); the
 caller releases the finished ones' pages, then ``emit`` sends one ReqDelta per request, in one BatchTokenOut.
@@ -28,6 +29,7 @@ import torch
 
 from radixrt.detokenize import TextStream
 from radixrt.protocol.messages import BatchTokenOut, FinishReason, ReqDelta
+from radixrt.scheduler.embedding import pooled_embedding
 from radixrt.scheduler.logits import collect_prompt_logprobs, next_tokens
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.request import Req
@@ -56,17 +58,19 @@ class OutputProcessor:
         self.jump_forward_tokens = 0  # output tokens jump-forward added, net
         self.speculator: Speculator | None = None  # set by the scheduler when speculative decoding is on
 
-    def process(self, plan: Plan, logits_rows: tuple[torch.Tensor, ...]) -> list[Req]:
-        """Account for a forward's results; returns the requests that progressed, in plan order."""
+    def process(self, plan: Plan, logits_rows: tuple[torch.Tensor, ...],
+                hidden_rows: tuple[torch.Tensor, ...] | None = None) -> list[Req]:
+        """Account for a forward's results (``hidden_rows``: the final norm's output at the same rows, when an
+        embedding request's prompt ends in this batch); returns the requests that progressed, in plan order."""
         samplers: list[Req] = []
         last_rows: list[torch.Tensor] = []
         verifies: list[tuple[Req, torch.Tensor]] = []
-        for (req, n), rows in zip(plan, logits_rows):
+        for i, ((req, n), rows) in enumerate(zip(plan, logits_rows)):
             if req.draft:
                 verifies.append((req, rows))
                 continue
             try:
-                if self._advance(req, n, rows):
+                if self._advance(req, n, rows, hidden_rows[i] if hidden_rows is not None else None):
                     samplers.append(req)
                     last_rows.append(rows[-1])
             except Exception as exc:
@@ -92,7 +96,7 @@ class OutputProcessor:
 
     # ----- one request's tokens -----------------------------------------------------------------------
 
-    def _advance(self, req: Req, n: int, rows: torch.Tensor) -> bool:
+    def _advance(self, req: Req, n: int, rows: torch.Tensor, hidden: torch.Tensor | None = None) -> bool:
         """Account for ``n`` computed tokens of ``req``; True when its next token is to be sampled now."""
         start = req.num_computed
         if req.computes_prompt_logprobs:
@@ -102,7 +106,9 @@ class OutputProcessor:
             self.memory.cache_prefix(req)
         if req.num_computed < req.total_len:
             return False  # a prefill chunk that does not reach the end yet
-        if req.params.max_new_tokens == 0:  # prompt only: logprobs, or prefilling a shared prefix
+        if req.params.max_new_tokens == 0:  # prompt only: logprobs, prefilling a shared prefix, or an embedding
+            if req.embed:
+                req.embedding = pooled_embedding(hidden[-1])
             req.finish_reason = FinishReason.length()
             return False
         return True
@@ -259,6 +265,8 @@ class OutputProcessor:
                 delta.spec_verify_ct = req.spec.verify_steps
                 delta.spec_draft_tokens = req.spec.drafted
                 delta.spec_accepted_tokens = req.spec.accepted
+            if req.finish_reason is not None and req.embedding is not None:
+                delta.embedding = req.embedding
             if req.num_sent == 0 and not req.input_logprobs_sent:
                 delta.stop = req.params.stop
                 delta.skip_special_tokens = req.params.skip_special_tokens

@@ -39,7 +39,8 @@ def overlappable(req: Req, in_flight: int = 0) -> bool:
     """Whether the request's next token can be sampled without its previous one on the host (``in_flight``:
     sampled tokens not yet in ``output_ids``)."""
     p = req.params
-    return (req.grammar is None and req.grammar_future is None and not req.return_logprob
+    return (not req.embed and p.max_new_tokens > 0 and req.grammar is None and req.grammar_future is None
+            and not req.return_logprob
             and p.repetition_penalty == 1.0 and not p.frequency_penalty and not p.presence_penalty
             and len(req.output_ids) + in_flight >= p.min_new_tokens)
 

@@ -57,6 +57,8 @@ class Req:
     draft: list[int] = field(default_factory=list)
     draft_matchers: list[GrammarMatcher] | None = None
     spec: SpecState | None = None
+    embed: bool = False  # an embedding request: prefill only, then its pooled hidden state
+    embedding: list[float] | None = None
 
     @classmethod
     def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu") -> "Req":
@@ -70,6 +72,7 @@ class Req:
             top_logprobs_num=msg.top_logprobs_num,
             grammar_spec=msg.grammar,
             priority=msg.priority if msg.priority is not None else 0,
+            embed=msg.embed,
         )
         if not msg.params.greedy:
             # Every sampled request draws from its own generator, so its tokens do not depend on the batch.

@@ -294,7 +294,8 @@ class Scheduler:
             except Exception:  # sampling failed: the synchronous path samples row by row
                 logger.warning("launching a decode step failed; processing it synchronously", exc_info=True)
         if self.launched is None:
-            self._finish_step(self.output.process(plan, logits.split(batch.logits_counts)))
+            hidden = batch.hidden_states.split(batch.logits_counts) if batch.hidden_states is not None else None
+            self._finish_step(self.output.process(plan, logits.split(batch.logits_counts), hidden))
         if decoding and self.launched is None:
             seconds = time.perf_counter() - started
             self._count_decode(sum(len(req.output_ids) for req, _ in plan) - outputs_before, seconds)

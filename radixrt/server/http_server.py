@@ -1,9 +1,12 @@
 """The HTTP app: SGLang's native API and the OpenAI-compatible API over one TokenizerManager.
 
-Native:  POST /generate, GET /get_model_info, GET /get_server_info, GET|POST /flush_cache, POST /abort_request
-         (radixrt.server.native_routes)
-OpenAI:  POST /v1/completions, POST /v1/chat/completions, GET /v1/models (radixrt.server.openai_routes)
-Ops:     GET /health, GET /metrics (Prometheus text), GET /openapi.json (radixrt.server.ops_routes)
+Native:  POST /generate, GET /get_model_info, GET /get_server_info, GET|POST /flush_cache, POST /abort_request,
+         sessions (radixrt.server.native_routes); POST /tokenize, /detokenize, also under /v1/
+         (radixrt.server.tokenize_routes)
+OpenAI:  POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model}
+         (radixrt.server.openai_routes); POST /v1/embeddings (radixrt.server.embedding_routes)
+Ops:     GET /health, GET /health_generate, GET /metrics (Prometheus text), GET /openapi.json
+         (radixrt.server.ops_routes)
 
 Errors are OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``) with a 4xx code for bad
 input, 500 when the runtime failed while serving that request (the others go on), 503 when the waiting queue
@@ -19,9 +22,11 @@ from typing import Callable
 
 from fastapi import FastAPI
 
+from radixrt.server.embedding_routes import add_embedding_routes
 from radixrt.server.native_routes import add_native_routes
 from radixrt.server.openai_routes import add_openai_routes
 from radixrt.server.ops_routes import add_ops_routes
+from radixrt.server.tokenize_routes import add_tokenize_routes
 from radixrt.server.tokenizer_manager import TokenizerManager
 
 
@@ -31,4 +36,6 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
     add_native_routes(app, tm)
     add_ops_routes(app, tm, health)
     add_openai_routes(app, tm)
+    add_embedding_routes(app, tm)
+    add_tokenize_routes(app, tm)
     return app

@@ -1,5 +1,5 @@
-"""Request bodies of SGLang's native API (/generate, /abort_request, /open_session, /close_session), as msgspec
-structs (unknown fields refused).
+"""Request bodies of SGLang's native API (/generate, /abort_request, /open_session, /close_session, /tokenize,
+/detokenize), as msgspec structs (unknown fields refused).
 
 ``GenerateBody`` also declares every other field of SGLang's GenerateReqInput, from the rule table
 ``radixrt.server.sglang_compat.GENERATE`` (ignored, or refused unless it asks for nothing); the route checks
@@ -77,3 +77,29 @@ class OpenSessionBody(msgspec.Struct, forbid_unknown_fields=True):
 class CloseSessionBody(msgspec.Struct, forbid_unknown_fields=True):
     session_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
+
+
+class TokenizeBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's /tokenize (and vLLM's): a prompt or a list of prompts, or vLLM's chat ``messages`` through the chat
+    template; exactly one of ``prompt`` and ``messages``."""
+
+    model: str | None = None
+    prompt: str | list[str] | None = None
+    messages: list[dict] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+TokenLists = Annotated[list, msgspec.Meta(
+    description="token ids, or a list of such lists",
+    extra_json_schema={"anyOf": [{"type": "array", "items": {"type": "integer"}},
+                                 {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}]},
+)]
+
+
+class DetokenizeBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """SGLang's /detokenize (and vLLM's): token ids, or a list of such lists (checked by the route)."""
+
+    model: str | None = None
+    tokens: TokenLists
+    skip_special_tokens: bool = True

@@ -7,12 +7,12 @@ Extensions accepted beside OpenAI's fields (as SGLang and vLLM do): top_k, min_p
 min_tokens, ignore_eos, skip_special_tokens, stop_token_ids, regex, json_schema, rid (SGLang: the request id,
 one per sequence). SGLang's other extensions are declared from ``sglang_compat.OPENAI`` and checked by
 ``check_common`` (ignored, or refused unless they ask for nothing).
-Responses are built in radixrt.server.openai_responses.
+Responses are built in radixrt.server.openai_responses. ``EmbeddingRequest`` is /v1/embeddings' body.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -87,6 +87,29 @@ class CompletionRequest(_Common, kw_only=True):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's bound on the inputs of one embeddings call
+
+
+class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """OpenAI's /v1/embeddings: ``input`` is a string, strings, token ids or lists of token ids."""
+
+    input: str | list[Any]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = None  # refused: radixrt returns the model's whole (pooled) hidden state
+    user: str | None = None
+
+
+def check_embedding(req: EmbeddingRequest) -> list[str | list[int]]:
+    """The inputs of an embeddings call, as prompts (text or token ids)."""
+    if req.dimensions is not None:
+        raise RequestError("dimensions is not supported: the embeddings have the model's hidden size")
+    prompts = completion_prompts(req.input)
+    if len(prompts) > MAX_EMBEDDING_INPUTS:
+        raise RequestError(f"at most {MAX_EMBEDDING_INPUTS} inputs are allowed in one embeddings request")
+    return prompts
 
 
 def check_common(req: _Common) -> None:

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions, POST /v1/completions.
+"""The OpenAI-compatible API: GET /v1/models, GET /v1/models/{model}, POST /v1/chat/completions, POST
+/v1/completions (/v1/embeddings: radixrt.server.embedding_routes).
 
 A call is decoded (radixrt.server.openai_protocol), checked without the tokenizer, then tokenized (the chat
 template, or each text prompt) off the event loop and handed to the runtime's one request path,
@@ -55,6 +56,7 @@ class ServerTools:
 
 def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
     route(app, "/v1/models", ["GET"], models, tm)
+    route(app, "/v1/models/{model:path}", ["GET"], retrieve_model, tm)
     route(app, "/v1/chat/completions", ["POST"], chat_completions, tm, ServerTools.of(tm))
     route(app, "/v1/completions", ["POST"], completions, tm)
 
@@ -67,11 +69,21 @@ def served_model(tm: TokenizerManager, name: str | None) -> str:
     return tm.model_info["served_model_name"]
 
 
-async def models(tm: TokenizerManager, request: Request) -> Response:
+def model_card(tm: TokenizerManager) -> dict[str, Any]:
+    """OpenAI's model object of the served model (with vLLM's ``root`` and ``max_model_len``)."""
     info = tm.model_info
-    return json_response({"object": "list", "data": [{
-        "id": info["served_model_name"], "object": "model", "created": now(), "owned_by": "radixrt",
-        "root": info["model_path"], "max_model_len": info["context_length"]}]})
+    return {"id": info["served_model_name"], "object": "model", "created": now(), "owned_by": "radixrt",
+            "root": info["model_path"], "max_model_len": info["context_length"]}
+
+
+async def models(tm: TokenizerManager, request: Request) -> Response:
+    return json_response({"object": "list", "data": [model_card(tm)]})
+
+
+async def retrieve_model(tm: TokenizerManager, request: Request) -> Response:
+    """OpenAI's GET /v1/models/{model}: the model object by any name the server knows it by, else 404."""
+    served_model(tm, request.path_params["model"])
+    return json_response(model_card(tm))
 
 
 async def chat_completions(tm: TokenizerManager, tools: ServerTools, request: Request) -> Response:
@@ -108,11 +120,7 @@ def _include_usage(req: oai.ChatCompletionRequest | oai.CompletionRequest) -> bo
 def _prepare_chat(tm: TokenizerManager, tools: ServerTools, req: oai.ChatCompletionRequest,
                   messages: list[dict[str, Any]]) -> tuple[Prepared, ToolPlan | None]:
     plan = plan_tools(req, tools.fmt, tools.native, tools.constrained)
-    messages = template_messages(messages, plan, tools.fmt, tools.native)
-    try:
-        ids = apply_chat_template(tm.tokenizer, messages, tools=plan.template_tools() if plan is not None else None)
-    except Exception as exc:  # template errors (e.g. roles out of order) are the client's
-        raise RequestError(f"cannot apply the chat template: {exc}") from None
+    ids = chat_prompt_ids(tm, tools, messages, plan)
     max_new = oai.chat_max_new_tokens(req)
     if max_new is None:
         max_new = tm.max_new_tokens_default(len(ids))
@@ -124,6 +132,18 @@ def _prepare_chat(tm: TokenizerManager, tools: ServerTools, req: oai.ChatComplet
                                         top_logprobs_num=top, priority=req.priority,
                                         session_params=req.session_params, rid=req.rids()))
     return prepared, plan
+
+
+def chat_prompt_ids(tm: TokenizerManager, tools: ServerTools, messages: list[dict[str, Any]], plan: ToolPlan | None,
+                    add_generation_prompt: bool = True) -> list[int]:
+    """A chat's prompt: the messages (tool calls and results as the template takes them) through the chat
+    template. Run off the event loop."""
+    messages = template_messages(messages, plan, tools.fmt, tools.native)
+    try:
+        return apply_chat_template(tm.tokenizer, messages, add_generation_prompt=add_generation_prompt,
+                                   tools=plan.template_tools() if plan is not None else None)
+    except Exception as exc:  # template errors (e.g. roles out of order) are the client's
+        raise RequestError(f"cannot apply the chat template: {exc}") from None
 
 
 def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompts: list[str | list[int]]

@@ -21,7 +21,14 @@ from radixrt.protocol.messages import SessionParams
 from radixrt.protocol.request import MAX_PRIORITY
 from radixrt.server import openai_protocol as oai
 from radixrt.server.json_numbers import INT64_MAX, INT64_MIN
-from radixrt.server.native_protocol import AbortBody, CloseSessionBody, GenerateBody, OpenSessionBody
+from radixrt.server.native_protocol import (
+    AbortBody,
+    CloseSessionBody,
+    DetokenizeBody,
+    GenerateBody,
+    OpenSessionBody,
+    TokenizeBody,
+)
 
 REF = "#/components/schemas/{name}"
 MAX_SEED = 2**63 - 1
@@ -39,13 +46,17 @@ class ApiLimits:
     max_prompt_chars: int | None = None
     max_stop_strings: int | None = None
     max_stop_string_chars: int | None = None
+    model_names: tuple[str, ...] = ()  # every name the server knows its model by (GET /v1/models/{model})
+    max_messages: int | None = None
 
     @classmethod
-    def of_server(cls, context_length: int, vocab_size: int, client_limits: Any = None) -> "ApiLimits":
+    def of_server(cls, context_length: int, vocab_size: int, client_limits: Any = None,
+                  model_names: tuple[str, ...] = (), max_messages: int | None = None) -> "ApiLimits":
         """``client_limits``: the server's per-request caps (radixrt.protocol.limits.ClientLimits), when it has them."""
         caps = {name: getattr(client_limits, name, None)
                 for name in ("max_n", "max_prompt_chars", "max_stop_strings", "max_stop_string_chars")}
-        return cls(context_length=context_length, vocab_size=vocab_size, **caps)
+        return cls(context_length=context_length, vocab_size=vocab_size, model_names=tuple(sorted(model_names)),
+                   max_messages=max_messages, **caps)
 
 
 class ErrorDetail(msgspec.Struct):
@@ -77,7 +88,7 @@ BOUNDS: dict[str, dict[str, Any]] = {
 }
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
 STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, oai.CompletionRequest, oai.ChatCompletionRequest,
-           ErrorResponse]
+           TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, ErrorResponse]
 
 
 MESSAGE_SCHEMA = {
@@ -211,9 +222,36 @@ def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> N
     chat_rules = components["ChatCompletionRequest"].setdefault("allOf", [])
     chat_rules.append({"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
                        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
+    _apply_utility_limits(components, limits, prompt_text, ids)
     for name, schema in components.items():
         if not name.startswith("Error"):  # every request body: the server takes 64-bit integers only
             _int64(schema)
+
+
+def _apply_utility_limits(components: dict[str, dict[str, Any]], limits: ApiLimits, prompt_text: dict[str, Any],
+                          ids: dict[str, Any]) -> None:
+    """/tokenize, /detokenize and /v1/embeddings: what each takes."""
+    any_text = {"type": "string", **_max("maxLength", limits.max_prompt_chars)}  # "" has no tokens: fine here
+    tokenize = components["TokenizeBody"]
+    tokenize["properties"]["prompt"] = {"anyOf": [any_text, {"type": "array", "items": any_text}, {"type": "null"}]}
+    tokenize["properties"]["messages"] = {"anyOf": [
+        {"type": "array", "items": MESSAGE_SCHEMA, "minItems": 1, **_max("maxItems", limits.max_messages)},
+        {"type": "null"}]}
+    tokenize["oneOf"] = [  # exactly one of prompt and messages
+        {"required": [one], "properties": {one: {"not": {"type": "null"}}, other: {"type": "null"}}}
+        for one, other in (("prompt", "messages"), ("messages", "prompt"))]
+    vocab_ids = {"type": "array", "items": ids["items"]}
+    components["DetokenizeBody"]["properties"]["tokens"] = {"anyOf": [vocab_ids, {"type": "array",
+                                                                                  "items": vocab_ids}]}
+    embedding = components["EmbeddingRequest"]["properties"]
+    prompt_ids = {**ids, "maxItems": limits.context_length}
+    embedding["input"] = {"anyOf": [
+        prompt_text,
+        {"type": "array", "items": prompt_text, "minItems": 1, "maxItems": oai.MAX_EMBEDDING_INPUTS},
+        prompt_ids,
+        {"type": "array", "items": prompt_ids, "minItems": 1, "maxItems": oai.MAX_EMBEDDING_INPUTS},
+    ]}
+    embedding["dimensions"] = {"type": "null", "description": "not supported: the model's hidden size"}
 
 
 RID = {"type": "string", "minLength": 1}
@@ -281,9 +319,22 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         "/close_session": {"post": post("close a session (an unknown one too)", "CloseSessionBody",
                                         {"text/plain": {"schema": {"type": "string"}}}, 400, 503)},
         "/health": {"get": get("200 while every process is alive", json_ok, 503)},
+        "/health_generate": {"get": get("200 once a one-token generation went through the scheduler", json_ok,
+                                        503)},
+        "/v1/embeddings": {"post": post("OpenAI embeddings: each input's last hidden state, unit length",
+                                        "EmbeddingRequest", json_ok, 400, 404, 503)},
+        "/v1/models/{model}": {"get": {**get("the served model, by any name the server knows it by", json_ok,
+                                             404),
+                                       "parameters": [{"name": "model", "in": "path", "required": True,
+                                                       "schema": {"enum": list(limits.model_names)}
+                                                       if limits.model_names else {"type": "string"}}]}},
         "/metrics": {"get": get("Prometheus text exposition", text_ok)},
         "/openapi.json": {"get": get("this document")},
     }
+    for prefix in ("", "/v1"):
+        paths[f"{prefix}/tokenize"] = {"post": post("token ids of a prompt, prompts or chat messages",
+                                                    "TokenizeBody", json_ok, 400, 404)}
+        paths[f"{prefix}/detokenize"] = {"post": post("the text of token ids", "DetokenizeBody", json_ok, 400, 404)}
     return {
         "openapi": "3.1.0",
         "info": {"title": "radixrt", "version": version,

@@ -1,0 +1,60 @@
+"""OpenAI's /v1/embeddings from the served model.
+
+Each input (a string, strings, token ids or lists of token ids) becomes one prefill-only request on the runtime's
+one request path (``GenerateInput(embed=True)``, the scheduler client's ``prepare`` and ``submit``); the
+scheduler answers with the prompt's pooled hidden state (radixrt.scheduler.embedding: the last token's final
+hidden state, unit length). The answer is OpenAI's: ``{"object": "list", "data": [{"object": "embedding",
+"index", "embedding"}], "model", "usage"}``, each embedding a list of floats, or with ``encoding_format`` "base64"
+the base64 of its little-endian float32 bytes (what the ``openai`` client asks for by default).
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from radixrt.protocol.request import GenerateInput, Prepared
+from radixrt.server import openai_protocol as oai
+from radixrt.server.client_wait import gather
+from radixrt.server.http_common import decode_request, json_response, route
+from radixrt.server.openai_routes import served_model
+from radixrt.server.tokenizer_manager import TokenizerManager
+
+
+def add_embedding_routes(app: FastAPI, tm: TokenizerManager) -> None:
+    route(app, "/v1/embeddings", ["POST"], embeddings, tm)
+
+
+async def embeddings(tm: TokenizerManager, request: Request) -> Response:
+    req = decode_request(await request.body(), oai.EmbeddingRequest)
+    model = served_model(tm, req.model)
+    prompts = oai.check_embedding(req)
+    prepared = await tm.off_loop(_prepare, tm, prompts)
+    states = tm.submit(prepared)
+    await gather(request, tm, states, stream=False)
+    data = [{"object": "embedding", "index": i, "embedding": encode_vector(s.builder.embedding, req.encoding_format)}
+            for i, s in enumerate(states)]
+    prompt_tokens = sum(s.builder.meta.get("prompt_tokens", 0) for s in states)
+    return json_response({"object": "list", "data": data, "model": model,
+                          "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
+
+
+def _prepare(tm: TokenizerManager, prompts: list[str | list[int]]) -> Prepared:
+    ids = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            tm.client_limits.check_text(prompt)
+            prompt = tm.tokenizer.encode(prompt)
+        ids.append(prompt)
+    return tm.prepare(GenerateInput(input_ids=ids, embed=True))
+
+
+def encode_vector(vector: list[float], encoding_format: str | None) -> Any:
+    """A list of floats, or for "base64" the base64 text of the float32 little-endian bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return vector
