@@ -15,8 +15,9 @@ from test_sglang_router import router  # noqa: F401  (the fixture)
 
 
 def test_parse_prometheus_and_router_listings():
-    text = "# HELP x y\n# TYPE x counter\nradixrt_prompt_tokens_total 12\nradixrt_x{le=\"0.5\"} 3\n"
-    assert parse_prometheus(text) == {"radixrt_prompt_tokens_total": 12.0, 'radixrt_x{le="0.5"}': 3.0}
+    text = ('# HELP x y\n# TYPE x counter\nsglang:prompt_tokens_total{model_name="m,\\"1"} 12\n'
+            'radixrt_x{le="0.5",model_name="m"} 3\nplain 1\n')
+    assert parse_prometheus(text) == {"sglang:prompt_tokens_total": 12.0, 'radixrt_x{le="0.5"}': 3.0, "plain": 1.0}
     assert _urls({"urls": ["http://a", "http://b"]}) == ["http://a", "http://b"]
     assert _urls({"workers": [{"url": "http://a"}, {"url": "http://b", "model_id": "m"}]}) == ["http://a", "http://b"]
     assert _urls({"status": "ok"}) == []

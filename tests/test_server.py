@@ -16,6 +16,7 @@ import openai
 import pytest
 
 import radixrt
+from radixrt.bench.workers import parse_prometheus
 from radixrt.tokenizer import apply_chat_template
 
 pytestmark = pytest.mark.model
@@ -192,7 +193,7 @@ def test_cached_tokens_on_repeated_prompt(oai):
 
 
 def test_disconnect_aborts_and_releases_pages(http, server):
-    aborted_before = metric(http, "radixrt_requests_aborted_total")
+    aborted_before = metric(http, "sglang:num_aborted_requests_total")
     body = {"text": "Tell me a very long story.", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
             "stream": True}
     with httpx.Client(base_url=server.url, timeout=60) as client:
@@ -208,25 +209,24 @@ def test_disconnect_aborts_and_releases_pages(http, server):
     assert stats["pages_private"] == 0 and stats["pages_protected"] == 0
     assert stats["pages_free"] + stats["pages_evictable"] == stats["pages_total"]
     assert metric(http, "radixrt_pages_held") == 0
-    assert metric(http, "radixrt_requests_aborted_total") == aborted_before + 1
+    assert metric(http, "sglang:num_aborted_requests_total") == aborted_before + 1
 
 
 def metric(http, name: str) -> float:
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
+    samples = parse_prometheus(http.get("/metrics").text)
+    assert name in samples, f"{name} not in /metrics"
+    return samples[name]
 
 
 def test_metrics_and_flush_cache(http):
     text = http.get("/metrics").text
-    for name in ("radixrt_requests_finished_total", "radixrt_generation_tokens_total", "radixrt_cache_hit_rate",
-                 "radixrt_pages_used", "radixrt_pages_free", "radixrt_num_queue_reqs",
-                 "radixrt_step_latency_seconds_bucket", "radixrt_time_to_first_token_seconds_count",
-                 "radixrt_inter_token_latency_seconds_sum", "radixrt_retractions_total",
+    for name in ("sglang:num_requests_total", "sglang:generation_tokens_total", "sglang:cache_hit_rate",
+                 "radixrt_pages_used", "radixrt_pages_free", "sglang:num_queue_reqs",
+                 "radixrt_step_latency_seconds_bucket", "sglang:time_to_first_token_seconds_count",
+                 "sglang:inter_token_latency_seconds_sum", "radixrt_retractions_total",
                  "radixrt_preemptions_total"):
         assert name in text, name
-    assert metric(http, "radixrt_generation_tokens_total") > 0
+    assert metric(http, "sglang:generation_tokens_total") > 0
     wait_idle(http)
     res = http.post("/flush_cache")
     assert res.status_code == 200, res.text

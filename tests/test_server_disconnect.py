@@ -15,6 +15,7 @@ import time
 import pytest
 from starlette.requests import Request
 
+from radixrt.bench.workers import parse_prometheus
 from radixrt.response import ResponseBuilder
 from radixrt.server.client_wait import ClientGone, gather
 from radixrt.client import Handle, LoopWaker
@@ -92,17 +93,16 @@ def stats(http) -> dict:
 
 
 def metric(http, name: str) -> float:
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
+    samples = parse_prometheus(http.get("/metrics").text)
+    assert name in samples, f"{name} not in /metrics"
+    return samples[name]
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("case", list(CASES))
 def test_closed_connection_aborts_within_steps(server, http, case):
     path, body = CASES[case]
-    aborted_before = metric(http, "radixrt_requests_aborted_total")
+    aborted_before = metric(http, "sglang:num_aborted_requests_total")
     sock = send_request(server.port, path, body)
     try:
         deadline = time.monotonic() + 60
@@ -129,7 +129,7 @@ def test_closed_connection_aborts_within_steps(server, http, case):
     assert s["steps"] - steps_at_close <= 8, (steps_at_close, s)
     assert s["pages_private"] == 0 and s["pages_protected"] == 0, s
     assert s["pages_free"] + s["pages_evictable"] == s["pages_total"], s
-    assert metric(http, "radixrt_requests_aborted_total") == aborted_before + 1
+    assert metric(http, "sglang:num_aborted_requests_total") == aborted_before + 1
     assert metric(http, "radixrt_pages_held") == 0
 
 

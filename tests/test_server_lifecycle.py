@@ -12,6 +12,8 @@ import time
 import httpx
 import pytest
 
+from radixrt.bench.workers import parse_prometheus
+
 pytestmark = pytest.mark.model
 
 
@@ -34,8 +36,7 @@ def test_full_queue_answers_503_and_recovers(server):
     ok = httpx.post(server.url + "/generate", json=body, timeout=300)
     assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 4
     metrics = httpx.get(server.url + "/metrics").text
-    assert any(line.startswith("radixrt_requests_rejected_total ") and float(line.split()[1]) >= 1
-               for line in metrics.splitlines())
+    assert parse_prometheus(metrics)["radixrt_requests_rejected_total"] >= 1
 
 
 def test_scheduler_death_fails_health_and_exits_nonzero(server):

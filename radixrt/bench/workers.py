@@ -12,11 +12,12 @@ Nothing here changes a worker; reading ``/metrics`` is all it does.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-COUNTERS = {"requests": "radixrt_requests_finished_total", "prompt_tokens": "radixrt_prompt_tokens_total",
-            "cached_tokens": "radixrt_cached_tokens_total"}
+COUNTERS = {"requests": "sglang:num_requests_total", "prompt_tokens": "sglang:prompt_tokens_total",
+            "cached_tokens": "sglang:cached_tokens_total"}
 
 
 @dataclass
@@ -39,17 +40,29 @@ class WorkerStats:
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Unlabelled samples of a Prometheus text exposition: name -> value (labelled ones keep their labels)."""
+    """The samples of a Prometheus text exposition: name -> value. A server serves one model, so its
+    ``model_name`` label is dropped; other labels stay in the name (``x_bucket{le="0.5"}``)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         name, _, value = line.rpartition(" ")
         try:
-            out[name.strip()] = float(value)
+            out[_without_model_name(name.strip())] = float(value)
         except ValueError:
             continue
     return out
+
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _without_model_name(sample: str) -> str:
+    name, brace, labels = sample.partition("{")
+    if not brace:
+        return sample
+    kept = [f'{key}="{value}"' for key, value in _LABEL.findall(labels) if key != "model_name"]
+    return f"{name}{{{','.join(kept)}}}" if kept else name
 
 
 def read_counters(url: str, timeout: float = 30.0) -> WorkerStats:

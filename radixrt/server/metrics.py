@@ -1,102 +1,143 @@
-"""Prometheus text exposition for GET /metrics (no client library: counters, gauges and histograms): the client's
-request metrics (``radixrt.metrics.RequestMetrics``) and the scheduler's stats with its step latency histogram
-(``StatsOut``, cumulative buckets), written alike.
+"""Prometheus text exposition for GET /metrics (no client library: counters, gauges and histograms).
+
+Every sample carries a ``model_name`` label (the served model's name). Metrics SGLang documents
+(docs/references/production_metrics.md in its repository) have SGLang's names, so its Grafana dashboards and
+alert rules read a radixrt server unchanged:
+
+- from the client's request metrics (``radixrt.metrics.RequestMetrics``): ``sglang:prompt_tokens_total``,
+  ``sglang:generation_tokens_total``, ``sglang:cached_tokens_total``, ``sglang:num_requests_total`` (finished),
+  ``sglang:num_aborted_requests_total``, ``sglang:gen_throughput`` (output tokens per second over the last ten
+  seconds), and the histograms ``sglang:time_to_first_token_seconds``, ``sglang:inter_token_latency_seconds``,
+  ``sglang:time_per_output_token_seconds`` (per request) and ``sglang:e2e_request_latency_seconds``;
+- from the scheduler's stats (``StatsOut``): ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
+  ``sglang:num_used_tokens`` (KV slots of pages held by requests and sessions; the cache's evictable pages are
+  free to take), ``sglang:max_total_num_tokens``, ``sglang:token_usage`` (their ratio) and
+  ``sglang:cache_hit_rate`` (cumulative: prompt tokens served from the cache / prompt tokens admitted).
+
+radixrt's own metrics keep the ``radixrt_`` prefix (requests received, failed, rejected and in flight; pages;
+sessions; evictions, retractions, preemptions; scheduler steps and their latency histogram). The scheduler's part
+is left out when the scheduler does not answer.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from radixrt.metrics import RequestMetrics
-
-PREFIX = "radixrt_"
+from radixrt.metrics import Histogram, RequestMetrics
 
 
-def _histogram(lines: list[str], name: str, help_text: str, buckets: list[float], cumulative: list[int],
-               total_sum: float, count: int) -> None:
-    lines.append(f"# HELP {PREFIX}{name} {help_text}")
-    lines.append(f"# TYPE {PREFIX}{name} histogram")
-    for le, c in zip(buckets, cumulative):
-        lines.append(f'{PREFIX}{name}_bucket{{le="{le}"}} {c}')
-    lines.append(f'{PREFIX}{name}_bucket{{le="+Inf"}} {count}')
-    lines.append(f"{PREFIX}{name}_sum {total_sum}")
-    lines.append(f"{PREFIX}{name}_count {count}")
+class Exposition:
+    """The lines of one exposition, each sample labelled with the model's name."""
+
+    def __init__(self, model_name: str) -> None:
+        escaped = model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        self.label = f'model_name="{escaped}"'
+        self.lines: list[str] = []
+
+    def _head(self, name: str, kind: str, help_text: str) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+
+    def scalar(self, kind: str, name: str, help_text: str, value: Any) -> None:
+        self._head(name, kind, help_text)
+        self.lines.append(f"{name}{{{self.label}}} {value}")
+
+    def histogram(self, name: str, help_text: str, buckets: list[float], cumulative: list[int], total_sum: float,
+                  count: int) -> None:
+        self._head(name, "histogram", help_text)
+        for le, c in zip(buckets, cumulative):
+            self.lines.append(f'{name}_bucket{{le="{le}",{self.label}}} {c}')
+        self.lines.append(f'{name}_bucket{{le="+Inf",{self.label}}} {count}')
+        self.lines.append(f"{name}_sum{{{self.label}}} {total_sum}")
+        self.lines.append(f"{name}_count{{{self.label}}} {count}")
+
+    def of(self, name: str, help_text: str, h: Histogram) -> None:
+        self.histogram(name, help_text, h.buckets, h.cumulative(), h.sum, h.count)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
 
 
-def _scalar(lines: list[str], kind: str, name: str, help_text: str, value: Any) -> None:
-    lines.append(f"# HELP {PREFIX}{name} {help_text}")
-    lines.append(f"# TYPE {PREFIX}{name} {kind}")
-    lines.append(f"{PREFIX}{name} {value}")
-
-
-def render(m: RequestMetrics, stats, in_flight: int) -> str:
+def render(m: RequestMetrics, stats, in_flight: int, model_name: str, page_size: int) -> str:
     """``stats``: a StatsOut from the scheduler, or None when it could not be asked."""
-    lines: list[str] = []
-    counters = [
-        ("requests_received_total", "generation requests submitted to the scheduler", m.requests_received),
-        ("requests_finished_total", "generation requests finished (including aborted)", m.requests_finished),
-        ("requests_aborted_total", "requests aborted (client disconnect or /abort_request)", m.requests_aborted),
-        ("requests_failed_total", "requests the runtime refused as invalid", m.requests_failed),
-        ("requests_rejected_total", "requests answered 503 because the waiting queue was full", m.requests_rejected),
-        ("prompt_tokens_total", "prompt tokens of finished requests", m.prompt_tokens),
-        ("generation_tokens_total", "tokens generated by finished requests", m.generation_tokens),
-        ("cached_tokens_total", "prompt tokens served from the prefix cache (finished requests)", m.cached_tokens),
-    ]
-    for name, help_text, value in counters:
-        _scalar(lines, "counter", name, help_text, value)
-    _scalar(lines, "gauge", "requests_in_flight", "requests submitted and not finished", in_flight)
-    if stats is not None:
-        _scheduler_metrics(lines, stats)
-    for name, help_text, h in [
-        ("time_to_first_token_seconds", "time from request arrival to its first token", m.ttft),
-        ("inter_token_latency_seconds", "time between consecutive output tokens", m.itl),
-        ("e2e_request_latency_seconds", "time from request arrival to its last token", m.e2e),
+    out = Exposition(model_name)
+    for name, help_text, value in [
+        ("sglang:prompt_tokens_total", "Prompt tokens of finished requests.", m.prompt_tokens),
+        ("sglang:generation_tokens_total", "Tokens generated by finished requests.", m.generation_tokens),
+        ("sglang:cached_tokens_total", "Prompt tokens served from the prefix cache (finished requests).",
+         m.cached_tokens),
+        ("sglang:num_requests_total", "Requests finished (aborted ones included).", m.requests_finished),
+        ("sglang:num_aborted_requests_total", "Requests aborted (client disconnect or /abort_request).",
+         m.requests_aborted),
+        ("radixrt_requests_received_total", "Generation requests submitted to the scheduler.", m.requests_received),
+        ("radixrt_requests_failed_total", "Requests the runtime refused as invalid or failed.", m.requests_failed),
+        ("radixrt_requests_rejected_total", "Requests answered 503 because the waiting queue was full.",
+         m.requests_rejected),
     ]:
-        _histogram(lines, name, help_text, h.buckets, h.cumulative(), h.sum, h.count)
-    return "\n".join(lines) + "\n"
+        out.scalar("counter", name, help_text, value)
+    out.scalar("gauge", "sglang:gen_throughput", "Output tokens per second over the last ten seconds.",
+               round(m.generation_throughput(time.perf_counter()), 3))
+    out.scalar("gauge", "radixrt_requests_in_flight", "Requests submitted and not finished.", in_flight)
+    if stats is not None:
+        _scheduler_metrics(out, stats, page_size)
+    out.of("sglang:time_to_first_token_seconds", "Time from request arrival to its first token.", m.ttft)
+    out.of("sglang:inter_token_latency_seconds", "Time between consecutive output tokens.", m.itl)
+    out.of("sglang:time_per_output_token_seconds", "Per request: time from its first to its last token / (output "
+                                                   "tokens - 1).", m.tpot)
+    out.of("sglang:e2e_request_latency_seconds", "Time from request arrival to its last token.", m.e2e)
+    return out.text()
 
 
-def _scheduler_metrics(lines: list[str], stats) -> None:
+def _scheduler_metrics(out: Exposition, stats, page_size: int) -> None:
     """The scheduler's gauges, counters and step latency histogram (``stats``: a StatsOut)."""
     s = stats.stats
     hit = s.cache_hit_tokens / max(s.cache_hit_tokens + s.cache_miss_tokens, 1)
-    gauges = [
-        ("num_running_reqs", "requests in the running batch", s.num_running),
-        ("num_queue_reqs", "requests waiting in the scheduler queue", s.num_waiting),
-        ("pages_total", "KV pages in the pool", s.pages_total),
-        ("pages_used", "KV pages not free (held by requests or kept by the prefix cache)",
+    held = s.pages_private + s.pages_protected
+    for name, help_text, value in [
+        ("sglang:num_running_reqs", "Requests in the running batch.", s.num_running),
+        ("sglang:num_queue_reqs", "Requests waiting in the scheduler's queue.", s.num_waiting),
+        ("sglang:num_used_tokens", "KV slots in pages held by requests and sessions.", held * page_size),
+        ("sglang:max_total_num_tokens", "KV slots in the pool.", s.pages_total * page_size),
+        ("sglang:token_usage", "KV slots held / KV slots in the pool.", round(held / max(s.pages_total, 1), 6)),
+        ("sglang:cache_hit_rate", "Prompt tokens served by the prefix cache / prompt tokens admitted.",
+         round(hit, 6)),
+        ("radixrt_pages_total", "KV pages in the pool.", s.pages_total),
+        ("radixrt_pages_used", "KV pages not free (held by requests or kept by the prefix cache).",
          s.pages_total - s.pages_free),
-        ("pages_free", "KV pages on the free list", s.pages_free),
-        ("pages_evictable", "cached KV pages no request holds (evictable)", s.pages_evictable),
-        ("pages_held", "KV pages held by running requests and sessions (private plus locked in the tree)",
-         s.pages_private + s.pages_protected),
-        ("sessions_open", "open sessions (/open_session)", s.sessions_open),
-        ("pages_pinned", "KV pages sessions pin in the prefix cache (part of pages_held)", s.pages_pinned),
-        ("cache_hit_rate", "prompt tokens served by the prefix cache / prompt tokens admitted", round(hit, 6)),
-        ("last_step_seconds", "duration of the latest scheduler step", s.last_step_seconds),
-    ]
-    for name, help_text, value in gauges:
-        _scalar(lines, "gauge", name, help_text, value)
-    _scalar(lines, "counter", "cache_hit_tokens_total", "prompt tokens served by the prefix cache",
-            s.cache_hit_tokens)
-    _scalar(lines, "counter", "cache_miss_tokens_total", "prompt tokens computed", s.cache_miss_tokens)
-    _scalar(lines, "counter", "evicted_pages_total", "KV pages evicted from the prefix cache", s.evicted_pages)
-    _scalar(lines, "counter", "retractions_total", "requests retracted under memory pressure", s.num_retractions)
-    _scalar(lines, "counter", "preemptions_total", "requests retracted to make room for a more urgent priority",
-            s.num_preemptions)
-    _scalar(lines, "counter", "steps_total", "scheduler steps run", s.steps)
-    _speculative_metrics(lines, s)
-    _histogram(lines, "step_latency_seconds", "scheduler step latency (batch build, forward, sample)",
-               stats.step_buckets, stats.step_counts, stats.step_sum, stats.step_count)
+        ("radixrt_pages_free", "KV pages on the free list.", s.pages_free),
+        ("radixrt_pages_evictable", "Cached KV pages no request holds (evictable).", s.pages_evictable),
+        ("radixrt_pages_held", "KV pages held by running requests and sessions (private plus locked in the tree).",
+         held),
+        ("radixrt_sessions_open", "Open sessions (/open_session).", s.sessions_open),
+        ("radixrt_pages_pinned", "KV pages sessions pin in the prefix cache (part of pages_held).", s.pages_pinned),
+        ("radixrt_last_step_seconds", "Duration of the latest scheduler step.", s.last_step_seconds),
+    ]:
+        out.scalar("gauge", name, help_text, value)
+    for name, help_text, value in [
+        ("radixrt_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.", s.cache_hit_tokens),
+        ("radixrt_cache_miss_tokens_total", "Prompt tokens computed.", s.cache_miss_tokens),
+        ("radixrt_evicted_pages_total", "KV pages evicted from the prefix cache.", s.evicted_pages),
+        ("radixrt_retractions_total", "Requests retracted under memory pressure.", s.num_retractions),
+        ("radixrt_preemptions_total", "Requests retracted to make room for a more urgent priority.",
+         s.num_preemptions),
+        ("radixrt_steps_total", "Scheduler steps run.", s.steps),
+    ]:
+        out.scalar("counter", name, help_text, value)
+    _speculative_metrics(out, s)
+    out.histogram("radixrt_step_latency_seconds", "Scheduler step latency (batch build, forward, sample).",
+                  stats.step_buckets, stats.step_counts, stats.step_sum, stats.step_count)
 
 
-def _speculative_metrics(lines: list[str], s) -> None:
+
+def _speculative_metrics(out: Exposition, s) -> None:
     """Speculative decoding's counters, acceptance length and rate (zero while it is off)."""
     steps, drafted, accepted = s.spec_verify_steps, s.spec_draft_tokens, s.spec_accepted_tokens
-    _scalar(lines, "counter", "spec_verify_steps_total", "request verify steps (speculative decoding)", steps)
-    _scalar(lines, "counter", "spec_draft_tokens_total", "draft tokens verified", drafted)
-    _scalar(lines, "counter", "spec_accepted_tokens_total", "draft tokens accepted as output", accepted)
-    _scalar(lines, "gauge", "spec_accept_length", "mean tokens a verify step gives a request (accepted drafts + 1)",
-            round((accepted + steps) / steps, 6) if steps else 0.0)
-    _scalar(lines, "gauge", "spec_accept_rate", "accepted / verified draft tokens",
-            round(accepted / drafted, 6) if drafted else 0.0)
+    length = round((accepted + steps) / steps, 6) if steps else 0.0
+    out.scalar("counter", "radixrt_spec_verify_steps_total", "Request verify steps (speculative decoding).", steps)
+    out.scalar("counter", "radixrt_spec_draft_tokens_total", "Draft tokens verified.", drafted)
+    out.scalar("counter", "radixrt_spec_accepted_tokens_total", "Draft tokens accepted as output.", accepted)
+    out.scalar("gauge", "sglang:spec_accept_length",
+               "Mean tokens a verify step gives a request (accepted drafts + 1).", length)
+    out.scalar("gauge", "radixrt_spec_accept_rate", "Accepted / verified draft tokens.",
+               round(accepted / drafted, 6) if drafted else 0.0)

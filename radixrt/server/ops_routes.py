@@ -79,4 +79,5 @@ async def metrics(tm: TokenizerManager, request: Request) -> Response:
         stats = await tm.call(StatsReq(), timeout=5.0)
     except RuntimeDown:
         stats = None
-    return Response(render(tm.metrics, stats, tm.in_flight), media_type="text/plain; version=0.0.4")
+    text = render(tm.metrics, stats, tm.in_flight, tm.model_info["served_model_name"], tm.ready.page_size)
+    return Response(text, media_type="text/plain; version=0.0.4")
