@@ -9,7 +9,7 @@ Its parts, each with its own contract: ``admission`` (the waiting queue, policy 
 stats, flush, sessions, profiling).
 This module takes messages in (``submit``, drained at the start of each step: requests, aborts and control
 calls, whose replies go to the sink like the token deltas), runs the step loop, moves requests between the
-queues and keeps the counters behind ``stats``.
+queues and keeps the counters behind ``stats`` (``reporting`` assembles them and the log line).
 
 Page ownership follows the radix cache's rule: a page's single reference belongs to the tree or to the one
 request that allocated it. A running request reads tree pages under a lock on its deepest cached node.
@@ -54,6 +54,7 @@ from radixrt.scheduler.output import OutputProcessor
 from radixrt.scheduler.overlap import Launched, continuation, continuation_batch, launch, overlappable
 from radixrt.scheduler.policy import POLICIES
 from radixrt.scheduler.profiler import StepProfiler
+from radixrt.scheduler.reporting import collect_stats, log_progress
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.sessions import Sessions
 from radixrt.scheduler.speculation import Speculator
@@ -403,52 +404,11 @@ class Scheduler:
         self.memory.check(self.running)
 
     def stats(self) -> SchedulerStats:
-        s = self.cache.stats
-        return SchedulerStats(
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            pages_total=self.pool.num_pages,
-            pages_free=self.pool.num_free,
-            pages_evictable=self.cache.evictable_pages,
-            pages_protected=self.cache.protected_pages,
-            pages_private=sum(len(r.pages) - r.num_tree_pages for r in self.running),
-            cache_hit_tokens=self.admission.hit_tokens,
-            cache_miss_tokens=self.admission.miss_tokens,
-            partial_tokens_reused=s.partial_tokens_reused,
-            evicted_pages=s.evicted_pages,
-            num_retractions=self.num_retractions,
-            num_preemptions=self.admission.num_preemptions,
-            last_step_seconds=self.last_step_seconds,
-            steps=self.steps,
-            jump_forwards=self.output.jump_forwards,
-            jump_forward_tokens=self.output.jump_forward_tokens,
-            sessions_open=len(self.sessions.table),
-            pages_pinned=self.sessions.pinned_pages,
-            decode_seconds=self.decode_seconds,
-            decode_tokens=self.decode_tokens,
-            **(self._spec_stats() if self.speculator is not None else {}),
-        )
-
-    def _spec_stats(self) -> dict[str, int]:
-        spec = self.speculator
-        return dict(spec_verify_steps=spec.verify_steps, spec_draft_tokens=spec.drafted,
-                    spec_accepted_tokens=spec.accepted)
+        return collect_stats(self)
 
     def _maybe_log(self) -> None:
-        interval = self.args.log_interval
         now = time.monotonic()
-        if interval <= 0 or now - self._last_log < interval:
+        if self.args.log_interval <= 0 or now - self._last_log < self.args.log_interval:
             return
-        s = self.stats()
-        hit = s.cache_hit_tokens / max(s.cache_hit_tokens + s.cache_miss_tokens, 1)
-        logger.info(
-            "step %d: running %d, waiting %d, %.1f tok/s, pages used %d/%d (evictable %d), cache hit %.1f%%, "
-            "retractions %d, preemptions %d", s.steps, s.num_running, s.num_waiting,
-            self._step_tokens / (now - self._last_log), s.pages_total - s.pages_free, s.pages_total,
-            s.pages_evictable, 100 * hit, s.num_retractions, s.num_preemptions,
-        )
-        if self.speculator is not None and s.spec_verify_steps:
-            logger.info("speculative decoding: accept length %.2f, %d of %d draft tokens accepted (%.1f%%)",
-                        self.speculator.accept_length, s.spec_accepted_tokens, s.spec_draft_tokens,
-                        100 * s.spec_accepted_tokens / max(s.spec_draft_tokens, 1))
+        log_progress(self, self._step_tokens / (now - self._last_log))
         self._last_log, self._step_tokens = now, 0
