@@ -16,7 +16,7 @@ from .choices import (
     unconditional_likelihood_normalized,
 )
 from .global_config import global_config
-from .ir import SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect
+from .ir import SglExpr, SglExprList, SglGen, SglRoleBegin, SglRoleEnd, SglSelect, SglSeparateReasoning
 from .program import SglFunction
 from .runtime import Runtime
 from .sampling_params import SglSamplingParams
@@ -38,6 +38,7 @@ __all__ = [
     "user_end",
     "assistant_begin",
     "assistant_end",
+    "separate_reasoning",
     "set_default_backend",
     "get_default_backend",
     "flush_cache",
@@ -310,3 +311,14 @@ def __getattr__(name: str):
         module, attr = LAZY[name]
         return getattr(importlib.import_module(module, __package__), attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def separate_reasoning(expr: Optional[SglExpr] = None, model_type: Optional[str] = None) -> SglExpr:
+    """Run ``expr`` (a named ``gen`` or ``select``), then split its text as ``--reasoning-parser model_type`` does
+    (``deepseek-r1``, ``qwen3``, ``qwen3-thinking``): the variable keeps the answer, ``<name>_reasoning_content``
+    gets the reasoning block (SGLang's DSL)."""
+    from radixrt.reasoning import REASONING_FORMATS
+
+    if model_type not in REASONING_FORMATS:
+        raise ValueError(f"separate_reasoning(model_type=...) must be one of {', '.join(REASONING_FORMATS)}")
+    return SglExprList([expr, SglSeparateReasoning(model_type, expr=expr)])

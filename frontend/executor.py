@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 from .ir import (
     SglCommitLazy,
     SglConcateAndAppend,
+    SglSeparateReasoning,
     SglConstantText,
     SglExpr,
     SglExprList,
@@ -163,7 +164,7 @@ class StreamExecutor:
             self.stream_cv.notify_all()
 
     def _init_var_event(self, expr) -> None:
-        if isinstance(expr, (SglGen, SglSelect, SglVarScopeBegin)):
+        if isinstance(expr, (SglGen, SglSelect, SglVarScopeBegin, SglSeparateReasoning)):
             if expr.name is not None:
                 self.variable_event[expr.name] = threading.Event()
         elif isinstance(expr, SglExprList):
@@ -257,6 +258,8 @@ class StreamExecutor:
             self.backend.commit_lazy_operations(self)
         elif isinstance(other, SglConcateAndAppend):
             self._execute_concatenate_and_append(other)
+        elif isinstance(other, SglSeparateReasoning):
+            self._execute_separate_reasoning(other)
         elif isinstance(other, (SglImage, SglVideo)):
             raise NotImplementedError("images and videos are not supported: radixrt serves text-only models")
         else:
@@ -326,6 +329,21 @@ class StreamExecutor:
         if expr.name not in self._scope_start:
             raise ValueError(f"var_scope {expr.name!r} ended without beginning")
         self.variables[expr.name] = self.text_[self._scope_start.pop(expr.name):]
+        self.variable_event[expr.name].set()
+
+    def _execute_separate_reasoning(self, expr: SglSeparateReasoning) -> None:
+        """Split the generated variable's text (final by now, streamed or not) into answer and reasoning; the
+        state's text keeps the output whole."""
+        from radixrt.reasoning import reasoning_format, split_reasoning
+
+        if expr.target is None:
+            return
+        text = self.get_var(expr.target)
+        fmt = reasoning_format(expr.model_type)
+        prompt = self.text_[: len(self.text_) - len(text)] if self.text_.endswith(text) else ""
+        reasoning, answer = split_reasoning(fmt, text, fmt.starts_in_reasoning(prompt[-64:]))
+        self.variables[expr.target] = answer
+        self.variables[expr.name] = reasoning or ""
         self.variable_event[expr.name].set()
 
     def _execute_concatenate_and_append(self, expr: SglConcateAndAppend) -> None:

@@ -234,3 +234,33 @@ class SglCommitLazy(SglExpr):
 
     def __repr__(self):
         return "CommitLazy()"
+
+
+class SglSeparateReasoning(SglExpr):
+    """separate_reasoning(gen(...), model_type=...): once the generation is done, its variable keeps the answer
+    and ``<name>_reasoning_content`` gets the reasoning block (SGLang's names)."""
+
+    def __init__(self, model_type: str, expr: Optional[SglExpr]):
+        super().__init__()
+        self.model_type = model_type
+        self.expr = expr
+        self.target: Optional[str] = None  # the variable whose text is split
+        self.name: Optional[str] = None  # the variable that gets the reasoning
+        self._process_expr(expr)
+
+    @staticmethod
+    def process_name_for_reasoning(name: Optional[str]) -> str:
+        if not name:
+            raise ValueError("separate_reasoning() needs a named gen() or select()")
+        return f"{name}_reasoning_content"
+
+    def _process_expr(self, expr: Optional[SglExpr]) -> None:
+        if isinstance(expr, (SglGen, SglSelect)):
+            self.target = expr.name
+            self.name = self.process_name_for_reasoning(expr.name)
+        elif isinstance(expr, SglExprList):
+            for x in expr.expr_list:
+                self._process_expr(x)
+
+    def __repr__(self):
+        return f"SeparateReasoning({self.model_type!r}, {self.target!r})"

@@ -43,11 +43,13 @@ def eos_token_ids(model_path: Path, tokenizer) -> set[int]:
 
 
 def apply_chat_template(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                        tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """``tools``: OpenAI tool definitions for a template that renders them (transformers' ``tools=``)."""
+                        tools: list[dict[str, Any]] | None = None,
+                        template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """``tools``: OpenAI tool definitions for a template that renders them (transformers' ``tools=``);
+    ``template_kwargs``: more variables for the template (a request's ``chat_template_kwargs``)."""
     if not tokenizer.chat_template:
         raise ValueError("this model's tokenizer has no chat template")
-    extra = {"tools": tools} if tools else {}
+    extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                          **extra)
     return tokenizer.encode(text, add_special_tokens=False)

@@ -28,7 +28,7 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("radixrt.procs", ()),
     ("radixrt.env", ()),
     ("radixrt.metrics", ()),
-    ("radixrt.reasoning", ("radixrt.reasoning", "radixrt.tools.markers")),
+    ("radixrt.reasoning", ("radixrt.reasoning", "radixrt.tools.markers", "radixrt.tools.regex")),
     ("radixrt.memory", ("radixrt.memory", "radixrt.token_ids")),
     ("radixrt.sampling", ("radixrt.sampling", "radixrt.device_copy")),
     ("radixrt.constrained", ("radixrt.constrained", "radixrt.token_ids")),

@@ -174,7 +174,7 @@ def test_completion_takes_sglang_extras(http):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("no_stop_trim", True), ("continue_final_message", True), ("chat_template_kwargs", {"enable_thinking": True}),
+    ("no_stop_trim", True), ("continue_final_message", True),
     ("lora_path", "adapter"), ("return_hidden_states", True), ("reasoning_effort", "low"), ("ebnf", "root ::= x"),
     ("reasoning", {"effort": "low"}),
 ])

@@ -5,7 +5,7 @@ return the messages or prompts to tokenize; ``sampling_dict`` maps a request ont
 (SGLang's names), which then go through the runtime's own request path (radixrt.protocol.request.prepare).
 Extensions accepted beside OpenAI's fields (as SGLang and vLLM do): top_k, min_p, repetition_penalty,
 min_tokens, ignore_eos, skip_special_tokens, stop_token_ids, regex, json_schema, rid (SGLang: the request id,
-one per sequence). SGLang's other extensions are declared from ``sglang_compat.OPENAI`` and checked by
+one per sequence); on chat, SGLang's separate_reasoning, stream_reasoning and chat_template_kwargs. SGLang's other extensions are declared from ``sglang_compat.OPENAI`` and checked by
 ``check_common`` (ignored, or refused unless they ask for nothing).
 Responses are built in radixrt.server.openai_responses. ``EmbeddingRequest`` is /v1/embeddings' body.
 """
@@ -75,6 +75,10 @@ class ChatCompletionRequest(_Common, kw_only=True):
     tools: list | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
+    # reasoning models (SGLang's; radixrt.server.openai_reasoning)
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 _UNSET = -(2**62)

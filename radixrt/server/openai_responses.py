@@ -4,9 +4,10 @@ One call's answer is one ``OpenAIAnswer``. Its ``choice`` builds a choice for bo
 of a JSON answer, or, given a ``StreamCursor``, the delta of a stream since the previous chunk (None when
 nothing is new). Choice ``i`` is request ``i`` (prompt ``i // n``, sample ``i % n``). Usage counts prompt
 (and cached) tokens once per prompt, as SGLang does, and completion tokens of every sample. Nothing here
-waits or does I/O: the routes (radixrt.server.openai_routes) drive it. A chat answer with tools parses its text
-(radixrt.tools): the whole answer's calls become ``message.tool_calls``; a stream sends each call's id and name
-first, then argument fragments, and holds back text that may still turn out to be a call.
+waits or does I/O: the routes (radixrt.server.openai_routes) drive it. A chat answer with tools, or from a server
+with a reasoning parser, parses its text (radixrt.server.openai_parsed): the reasoning block becomes
+``reasoning_content``, calls become ``message.tool_calls``; a stream sends reasoning deltas, each call's id and
+name first, then argument fragments, and holds back text that may still turn out to be a call.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from radixrt.client import Handle
+from radixrt.server.openai_parsed import ParsedStream, parsed_message
+from radixrt.server.openai_reasoning import ReasoningPlan
 from radixrt.tools.formats import ToolCallFormat
-from radixrt.tools.parser import ToolCall, ToolCallDelta, ToolCallStreamParser, parse_tool_calls
 
 
 def new_id(prefix: str) -> str:
@@ -92,38 +94,13 @@ def completion_logprobs(entries, top_entries, token_text: Callable[[int], str], 
 
 @dataclass
 class StreamCursor:
-    """How much of one request a stream has sent: text characters, logprob entries, and whether it ended; with
-    tools, the parser that holds back text that may be a call, and whether a call was sent."""
+    """How much of one request a stream has sent: text characters, logprob entries, and whether it ended; for a
+    chat answer parsed into reasoning and tool calls, its parsers (radixrt.server.openai_parsed)."""
 
     text: int = 0
     logprobs: int = 0
     done: bool = False
-    parser: ToolCallStreamParser | None = None
-    called: bool = False
-    held_space: str = ""  # trailing whitespace of the content so far: dropped if the answer ends in calls
-
-
-def tool_call_json(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-
-
-def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
-    """A stream's piece of a call: its id, type and name first, then argument fragments."""
-    out: dict[str, Any] = {"index": delta.index}
-    function: dict[str, Any] = {"arguments": delta.arguments}
-    if delta.id is not None:
-        out["id"] = delta.id
-        out["type"] = "function"
-    if delta.name is not None:
-        function["name"] = delta.name
-    out["function"] = function
-    return out
-
-
-def _hold_trailing_space(text: str) -> tuple[str, str]:
-    """(what a stream may send now, trailing whitespace it holds until more content or the end)."""
-    kept = text.rstrip()
-    return kept, text[len(kept):]
+    parsed: ParsedStream | None = None
 
 
 def tool_finish_reason(reason: str | None, called: bool) -> str | None:
@@ -143,6 +120,7 @@ class OpenAIAnswer:
     echo: list[str] | None = None  # completions: the prompt text of each choice, sent before its output
     include_usage: bool = False  # streams: every chunk has "usage", and a last chunk carries it
     tool_format: ToolCallFormat | None = None  # chat with tools: the output is parsed into calls
+    reasoning: ReasoningPlan | None = None  # chat on a reasoning model: the reasoning block apart
     id: str = field(init=False)
     created: int = field(init=False)
 
@@ -163,8 +141,8 @@ class OpenAIAnswer:
         stream = cursor is not None
         if stream and cursor.done:
             return None
-        if self.chat and self.tool_format is not None:
-            return self._tool_choice(index, state, cursor)
+        if self.chat and (self.tool_format is not None or self.reasoning is not None):
+            return self._parsed_choice(index, state, cursor)
         start = cursor or StreamCursor()
         meta = state.builder.meta
         text = state.builder.text[start.text:]
@@ -189,45 +167,25 @@ class OpenAIAnswer:
             cursor.done = reason is not None
         return out
 
-    def _tool_choice(self, index: int, state: Handle, cursor: StreamCursor | None) -> dict[str, Any] | None:
-        """``choice`` of a chat answer with tools: text that is a call becomes ``tool_calls``."""
+    def _parsed_choice(self, index: int, state: Handle, cursor: StreamCursor | None) -> dict[str, Any] | None:
+        """``choice`` of a chat answer parsed into reasoning, content and tool calls."""
         meta = state.builder.meta
         reason, matched = finish_reason(meta)
-        if cursor is None:
-            content, calls = parse_tool_calls(self.tool_format, state.builder.text)
-            if calls:
-                content = content.rstrip() or None  # the layout around calls is not content
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = [tool_call_json(c) for c in calls]
-            n_logprobs = len(meta.get("output_token_logprobs", []))
-            return {"index": index, "message": message, "logprobs": self._logprobs(meta, 0, n_logprobs, 0),
-                    "finish_reason": tool_finish_reason(reason, bool(calls)), "matched_stop": matched}
-        if cursor.parser is None:
-            cursor.parser = self.tool_format.parser()
-        text = state.builder.text[cursor.text:]
         n_logprobs = len(meta.get("output_token_logprobs", []))
-        parsed = cursor.parser.feed(text)
-        content, calls = parsed.content, list(parsed.calls)
-        if reason is not None:
-            rest = cursor.parser.finish()
-            content += rest.content
-            calls += rest.calls
-        cursor.called = cursor.called or bool(calls)
-        content, cursor.held_space = _hold_trailing_space(cursor.held_space + content)
-        if reason is not None and not cursor.called:
-            content, cursor.held_space = content + cursor.held_space, ""
-        if not content and not calls and n_logprobs == cursor.logprobs and reason is None:
+        if cursor is None:
+            message, called = parsed_message(state.builder.text, self.reasoning, self.tool_format)
+            return {"index": index, "message": message, "logprobs": self._logprobs(meta, 0, n_logprobs, 0),
+                    "finish_reason": tool_finish_reason(reason, called), "matched_stop": matched}
+        if cursor.parsed is None:
+            cursor.parsed = ParsedStream(self.reasoning, self.tool_format)
+        text = state.builder.text[cursor.text:]
+        delta = cursor.parsed.delta(text, finished=reason is not None)
+        if not delta and n_logprobs == cursor.logprobs and reason is None:
             cursor.text += len(text)
             return None
-        delta: dict[str, Any] = {}
-        if content:
-            delta["content"] = content
-        if calls:
-            delta["tool_calls"] = [tool_call_delta_json(c) for c in calls]
         out: dict[str, Any] = {"index": index, "delta": delta,
                                "logprobs": self._logprobs(meta, cursor.logprobs, n_logprobs, cursor.text),
-                               "finish_reason": tool_finish_reason(reason, cursor.called)}
+                               "finish_reason": tool_finish_reason(reason, cursor.parsed.called)}
         if reason is not None:
             out["matched_stop"] = matched
         cursor.text += len(text)

@@ -6,7 +6,9 @@ template, or each text prompt) off the event loop and handed to the runtime's on
 ``TokenizerManager.prepare`` (the scheduler client's, radixrt.protocol.request.prepare: sampling params, the server's limits, every
 sequence validated), exactly as /generate is. ``n`` samples of each prompt become ``n`` requests; choice
 ``i`` is request ``i``. Answers and stream chunks are built by radixrt.server.openai_responses. Chat requests
-with tools are planned by radixrt.server.openai_tools (prompt, constraint) and their answers parsed into calls.
+with tools are planned by radixrt.server.openai_tools (prompt, constraint) and their answers parsed into calls; on
+a server with ``--reasoning-parser`` a chat answer's reasoning block is split off and its constraint applies after
+it (radixrt.server.openai_reasoning). ``chat_template_kwargs`` go to the chat template.
 """
 
 from __future__ import annotations
@@ -32,11 +34,16 @@ from radixrt.server.http_common import (
     route,
     sse,
 )
+from radixrt.reasoning import ReasoningFormat, reasoning_format
+from radixrt.server.openai_reasoning import ReasoningPlan, constrain_after_reasoning, plan_reasoning, template_kwargs
 from radixrt.server.openai_responses import OpenAIAnswer, StreamCursor, now
 from radixrt.server.openai_tools import ToolPlan, plan_tools, template_messages, tool_format
 from radixrt.server.tokenizer_manager import TokenizerManager
 from radixrt.tokenizer import apply_chat_template
 from radixrt.tools.formats import ToolCallFormat
+
+
+PROMPT_TAIL_TOKENS = 8  # the prompt's last tokens, decoded, tell whether it opens a reasoning block
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,8 @@ class ServerTools:
 def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
     route(app, "/v1/models", ["GET"], models, tm)
     route(app, "/v1/models/{model:path}", ["GET"], retrieve_model, tm)
-    route(app, "/v1/chat/completions", ["POST"], chat_completions, tm, ServerTools.of(tm))
+    reasoning = reasoning_format(tm.args.reasoning_parser) if tm.args.reasoning_parser else None
+    route(app, "/v1/chat/completions", ["POST"], chat_completions, tm, ServerTools.of(tm), reasoning)
     route(app, "/v1/completions", ["POST"], completions, tm)
 
 
@@ -86,14 +94,16 @@ async def retrieve_model(tm: TokenizerManager, request: Request) -> Response:
     return json_response(model_card(tm))
 
 
-async def chat_completions(tm: TokenizerManager, tools: ServerTools, request: Request) -> Response:
+async def chat_completions(tm: TokenizerManager, tools: ServerTools, reasoning: ReasoningFormat | None,
+                           request: Request) -> Response:
     req = decode_request(await request.body(), oai.ChatCompletionRequest)
     model = served_model(tm, req.model)
     messages = oai.check_chat(req, tm.args.max_messages, tm.args.max_tools, tm.client_limits)
-    prepared, plan = await tm.off_loop(_prepare_chat, tm, tools, req, messages)
+    prepared, plan, thinking = await tm.off_loop(_prepare_chat, tm, tools, reasoning, req, messages)
     states = tm.submit(prepared)
     answer = OpenAIAnswer(chat=True, model=model, n=req.n, want_logprobs=req.logprobs, token_text=tm.token_text,
-                          include_usage=_include_usage(req), tool_format=plan.fmt if plan is not None else None)
+                          include_usage=_include_usage(req), tool_format=plan.fmt if plan is not None else None,
+                          reasoning=thinking)
     return await _respond(request, tm, states, answer, req.stream)
 
 
@@ -117,10 +127,12 @@ def _include_usage(req: oai.ChatCompletionRequest | oai.CompletionRequest) -> bo
 # ----- to the request path (run off the event loop) ---------------------------------------------------
 
 
-def _prepare_chat(tm: TokenizerManager, tools: ServerTools, req: oai.ChatCompletionRequest,
-                  messages: list[dict[str, Any]]) -> tuple[Prepared, ToolPlan | None]:
+def _prepare_chat(tm: TokenizerManager, tools: ServerTools, reasoning: ReasoningFormat | None,
+                  req: oai.ChatCompletionRequest, messages: list[dict[str, Any]]
+                  ) -> tuple[Prepared, ToolPlan | None, ReasoningPlan | None]:
     plan = plan_tools(req, tools.fmt, tools.native, tools.constrained)
-    ids = chat_prompt_ids(tm, tools, messages, plan)
+    ids = chat_prompt_ids(tm, tools, messages, plan, template_kwargs=template_kwargs(req.chat_template_kwargs))
+    thinking = plan_reasoning(reasoning, req, tm.tokenizer.decode(ids[-PROMPT_TAIL_TOKENS:]))
     max_new = oai.chat_max_new_tokens(req)
     if max_new is None:
         max_new = tm.max_new_tokens_default(len(ids))
@@ -128,20 +140,22 @@ def _prepare_chat(tm: TokenizerManager, tools: ServerTools, req: oai.ChatComplet
     sampling = oai.sampling_dict(req, max_new)
     if plan is not None:
         sampling.update(plan.sampling_fields(req.skip_special_tokens))
+    constrain_after_reasoning(sampling, thinking)
     prepared = tm.prepare(GenerateInput(input_ids=[ids], sampling_params=[sampling], return_logprob=bool(req.logprobs),
                                         top_logprobs_num=top, priority=req.priority,
                                         session_params=req.session_params, rid=req.rids()))
-    return prepared, plan
+    return prepared, plan, thinking
 
 
 def chat_prompt_ids(tm: TokenizerManager, tools: ServerTools, messages: list[dict[str, Any]], plan: ToolPlan | None,
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """A chat's prompt: the messages (tool calls and results as the template takes them) through the chat
-    template. Run off the event loop."""
+    template, with the request's template variables. Run off the event loop."""
     messages = template_messages(messages, plan, tools.fmt, tools.native)
     try:
         return apply_chat_template(tm.tokenizer, messages, add_generation_prompt=add_generation_prompt,
-                                   tools=plan.template_tools() if plan is not None else None)
+                                   tools=plan.template_tools() if plan is not None else None,
+                                   template_kwargs=template_kwargs)
     except Exception as exc:  # template errors (e.g. roles out of order) are the client's
         raise RequestError(f"cannot apply the chat template: {exc}") from None
 

@@ -27,7 +27,7 @@ CUSTOM_LOGITS = Unsupported("custom logit processors")
 HIDDEN = Unsupported("returning hidden states", (None, False))
 CACHE_NAMESPACE = Unsupported("separate prefix-cache namespaces")
 EXPERTS = Unsupported("returning routed experts (radixrt serves dense models)")
-REASONING = Unsupported("reasoning control (radixrt has no reasoning parser)")
+REASONING = Unsupported("reasoning budgets and effort (--reasoning-parser only separates the reasoning)")
 
 _SHARED: dict[str, Rule] = {
     "data_parallel_rank": ONE_RANK,
@@ -95,12 +95,9 @@ GENERATE: dict[str, Rule] = {
 
 OPENAI: dict[str, Rule] = {
     **_SHARED,
-    "separate_reasoning": Ignored("radixrt has no reasoning parser, so there is no reasoning to separate"),
-    "stream_reasoning": Ignored("radixrt has no reasoning parser, so there is no reasoning to stream"),
     "ngram_corpus_id": Ignored("a corpus for SGLang's n-gram speculative decoding, which never changes outputs"),
     "no_stop_trim": Unsupported("keeping the matched stop string in the output", (None, False)),
     "continue_final_message": Unsupported("continuing the final assistant message", (None, False)),
-    "chat_template_kwargs": Unsupported("chat template arguments"),
     "ebnf": Unsupported("EBNF grammars"),
     "stop_regex": Unsupported("stop regexes"),
     "custom_params": CUSTOM_LOGITS,

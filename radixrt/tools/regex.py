@@ -6,6 +6,8 @@ r"""Regex pieces of the tool-call constraints (outlines-core / Rust regex syntax
   border of the marker would make the marker start sooner). Built mechanically: the marker's KMP automaton
   (radixrt.tools.markers, the parser's own) with the marker's last step removed, turned into a regex by state
   elimination.
+- ``text_without_any(markers, before)``: the same for several markers (a reasoning block ends at ``</think>``
+  and must not hold ``<tool_call>``), over the markers' prefixes.
 - ``not_starting_with(words)``: any text that, after JSON whitespace, does not begin with the first character
   of one of ``words``.
 Characters are escaped for both engines: ``<`` and ``>`` stay bare (``\<`` is a word boundary in Rust).
@@ -124,6 +126,48 @@ def text_without(marker: str, before_marker: bool = False) -> str:
     else:
         finals = list(range(m))
     return "(" + _eliminate(m, edges, finals) + ")"
+
+
+@lru_cache(maxsize=32)
+def text_without_any(markers: tuple[str, ...], before: str | None = None) -> str:
+    """Regex of the texts without any of ``markers``; with ``before`` (one of them), texts that ``before`` may
+    follow as the first marker to occur. The automaton's states are the markers' proper prefixes: after each
+    character, the longest suffix of the text read that is one (a suffix that is a whole marker: no edge)."""
+    if not markers or not all(markers) or (before is not None and before not in markers):
+        raise ValueError("markers must be non-empty, and before one of them")
+    states = sorted({m[:i] for m in markers for i in range(len(m))}, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(states)}
+    alphabet = sorted({c for m in markers for c in m})
+
+    def step(state: str, ch: str) -> str | None:
+        text = state + ch
+        if any(text.endswith(m) for m in markers):
+            return None
+        return next(text[i:] for i in range(len(text) + 1) if text[i:] in index)
+
+    edges: dict[tuple[int, int], str] = {}
+    for state in states:
+        by_target: dict[int, set[str]] = {}
+        for ch in alphabet:
+            target = step(state, ch)
+            if target is not None:
+                by_target.setdefault(index[target], set()).add(ch)
+        leaving = set(alphabet) - by_target.pop(0, set())
+        labels = {0: char_class(leaving, negate=True) if leaving else ANY}
+        labels.update({t: char_class(chars) for t, chars in by_target.items()})
+        for target, label in labels.items():
+            edges[(index[state], target)] = label
+
+    def opens_before(state: str) -> bool:
+        for i, ch in enumerate(before):
+            text = state + ch
+            if any(text.endswith(m) for m in markers):
+                return i == len(before) - 1 and text.endswith(before)
+            state = step(state, ch)
+        return False
+
+    finals = [index[s] for s in states if before is None or opens_before(s)]
+    return "(" + _eliminate(len(states), edges, finals) + ")"
 
 
 def _marker_first_ends_at_end(marker: str, table: list[int], state: int) -> bool:
