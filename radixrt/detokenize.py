@@ -1,8 +1,10 @@
-"""Incremental detokenization with stop strings.
+"""Incremental detokenization with stop strings and stop regexes.
 
 Token ids arrive a few at a time; text is emitted only once it is stable (no partial UTF-8 sequence at the
-end) and never includes a matched stop string. While streaming, text that could still become the start of a
-stop string is held back until the next tokens decide it.
+end) and never includes a matched stop string or stop-regex match (radixrt.sampling.stop_regex): the text ends
+where the earliest one starts. While streaming, text that could still become the start of either is held back
+until the next tokens decide it. The scheduler runs the same class to decide when a request stops, so what it
+stops on and what the client is sent agree.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import msgspec
 
 from radixrt.protocol.messages import BatchStrOut, BatchTokenOut, FinishReason, ReqDelta, StrDelta
+from radixrt.sampling.stop_regex import first_match, may_match_from
 
 logger = logging.getLogger("radixrt.detokenize")
 
@@ -27,10 +30,11 @@ def fast_decode(tokenizer):
 
 class TextStream:
     def __init__(self, tokenizer, stop: list[str] | None = None, skip_special_tokens: bool = True,
-                 prompt_tail: list[int] | None = None, decode=None) -> None:
+                 prompt_tail: list[int] | None = None, decode=None, stop_regex: list[str] | None = None) -> None:
         self.tokenizer = tokenizer
         self._decoder = decode or fast_decode(tokenizer)
         self.stop = [s for s in (stop or []) if s]
+        self.stop_regex = list(stop_regex or [])
         self.skip_special_tokens = skip_special_tokens
         # A few prompt tokens give the decoder its left context (leading spaces of SentencePiece-style vocabularies).
         self.ids: list[int] = list(prompt_tail or [])
@@ -38,7 +42,7 @@ class TextStream:
         self.read_offset = len(self.ids)
         self.text = ""  # all stable text so far
         self.emitted = 0  # chars of self.text already handed out
-        self.stopped_at: str | None = None  # the stop string that ended the text
+        self.stopped_at: str | None = None  # the stop string (or stop regex pattern) that ended the text
 
     def _decode(self, ids: list[int]) -> str:
         return self._decoder(ids, self.skip_special_tokens)
@@ -58,6 +62,10 @@ class TextStream:
         self.text += delta
         hits = [(self.text.find(s, start), s) for s in self.stop]
         hits = [(i, s) for i, s in hits if i >= 0]
+        if self.stop_regex:  # a match may start anywhere: the whole text is searched
+            hit = first_match(self.stop_regex, self.text)
+            if hit is not None:
+                hits.append(hit)
         if hits:
             cut, matched = min(hits)
             self.text = self.text[:cut]
@@ -81,6 +89,8 @@ class TextStream:
                     if self.text.endswith(stop[:k]):
                         end = min(end, len(self.text) - k)
                         break
+            if self.stop_regex:
+                end = min(end, max(self.emitted, may_match_from(self.stop_regex, self.text, self.emitted)))
         out = self.text[self.emitted : end]
         self.emitted = end
         return out
@@ -114,7 +124,8 @@ class Detokenizer:
     def _process_one(self, delta: ReqDelta) -> StrDelta:
         stream = self.streams.get(delta.rid)
         if stream is None:
-            stream = TextStream(self.tokenizer, delta.stop, delta.skip_special_tokens, decode=self.decode)
+            stream = TextStream(self.tokenizer, delta.stop, delta.skip_special_tokens, decode=self.decode,
+                                stop_regex=delta.stop_regex)
             self.streams[delta.rid] = stream
         stream.add(delta.new_ids)
         final = delta.finish_reason is not None

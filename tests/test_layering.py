@@ -36,7 +36,7 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("radixrt.model", ("radixrt.model", "radixrt.kernels", "radixrt.memory.page_pool", "radixrt.device_copy",
                        "radixrt.env")),
     ("radixrt.server_args", ("radixrt.env",)),
-    ("radixrt.detokenize", ("radixrt.protocol",)),
+    ("radixrt.detokenize", ("radixrt.protocol", "radixrt.sampling.stop_regex")),
     ("radixrt.response", ("radixrt.protocol",)),
     ("radixrt.client", ("radixrt.protocol", "radixrt.response", "radixrt.metrics")),
     ("radixrt.tools", ("radixrt.tools", "radixrt.protocol", "radixrt.constrained.patterns")),

@@ -103,10 +103,11 @@ def bounded_schema(doc: dict[str, Any], max_tokens: int = 4, max_items: int = 3,
         schemas[name]["properties"]["rid"] = {"type": "null"}
     schemas["ChatCompletionRequest"]["properties"]["tools"] = {"type": "null"}
     schemas["ChatCompletionRequest"]["properties"]["tool_choice"] = {"type": "null"}
-    # ... a stream of one prompt with n = 1; one constraint at most, a regex that compiles, a JSON schema that parses
+    # ... a stream of one prompt with n = 1; one constraint at most, a regex that compiles, a JSON schema that parses,
+    # no stop regex (a random pattern may not compile, or may match the empty string)
     schemas["GenerateBody"]["properties"]["stream"] = {"const": False}
     for name in ("SamplingParams", "CompletionRequest", "ChatCompletionRequest"):
-        for field in ("regex", "json_schema", "choices", "ebnf"):
+        for field in ("regex", "json_schema", "choices", "ebnf", "stop_regex"):
             if field in schemas[name]["properties"]:
                 schemas[name]["properties"][field] = {"type": "null"}
     return doc

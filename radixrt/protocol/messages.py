@@ -116,6 +116,7 @@ class ReqDelta(msgspec.Struct):
     input_top_logprobs: list[LogprobList] | None = None
     # Sent with a request's first delta, so a detokenizer that never saw the request can render it.
     stop: list[str] | None = None
+    stop_regex: list[str] | None = None
     skip_special_tokens: bool = True
     # Speculative decoding, so far: verify steps, draft tokens verified, draft tokens that became output.
     spec_verify_ct: int = 0

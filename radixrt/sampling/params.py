@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from radixrt.sampling.compat_fields import Ignored, Rule, Unsupported, check_fields, compat_type
+from radixrt.sampling.stop_regex import check_stop_regexes
 
 SGLANG_FIELDS: dict[str, Rule] = {
     "no_stop_trim": Unsupported("keeping the matched stop string in the output", (None, False)),
@@ -19,7 +20,6 @@ SGLANG_FIELDS: dict[str, Rule] = {
     "stream_interval": Ignored("radixrt streams what each scheduler step produced"),
     "custom_params": Unsupported("parameters of a custom logit processor"),
     "logit_bias": Unsupported("logit bias"),
-    "stop_regex": Unsupported("stop regexes"),
     "ebnf": Unsupported("EBNF grammars"),
     "structural_tag": Unsupported("structural tags"),
     "beam_width": Unsupported("beam search", (None, 0, 1)),
@@ -38,6 +38,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     presence_penalty: float = 0.0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None  # a match in the output ends it there, as a stop string does
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     seed: int | None = None
@@ -52,7 +53,6 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     stream_interval: compat_type(SGLANG_FIELDS["stream_interval"]) = None
     custom_params: compat_type(SGLANG_FIELDS["custom_params"]) = None
     logit_bias: compat_type(SGLANG_FIELDS["logit_bias"]) = None
-    stop_regex: compat_type(SGLANG_FIELDS["stop_regex"]) = None
     ebnf: compat_type(SGLANG_FIELDS["ebnf"]) = None
     structural_tag: compat_type(SGLANG_FIELDS["structural_tag"]) = None
     beam_width: compat_type(SGLANG_FIELDS["beam_width"]) = None
@@ -60,6 +60,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.stop_regex, str):
+            self.stop_regex = [self.stop_regex]
         if self.sampling_seed is not None:
             if self.seed is not None and self.seed != self.sampling_seed:
                 raise ValueError("seed and sampling_seed differ; pass one of them")
@@ -95,6 +97,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
                 raise ValueError(message)
         if self.stop is not None and any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
+        if self.stop_regex:
+            check_stop_regexes(self.stop_regex)
         if vocab_size is not None and self.stop_token_ids:
             bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
             if bad:

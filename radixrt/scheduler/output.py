@@ -233,7 +233,8 @@ class OutputProcessor:
         self.jump_forwards += 1
         self.jump_forward_tokens += len(jf.tokens_to_append) - jf.num_tokens_to_drop
         if req.stop_text is not None:  # re-render the stop-string check over the new token sequence
-            req.stop_text = TextStream(self.tokenizer, req.params.stop, req.params.skip_special_tokens)
+            req.stop_text = TextStream(self.tokenizer, req.params.stop, req.params.skip_special_tokens,
+                                       stop_regex=req.params.stop_regex)
             req.stop_text.add(req.output_ids)
             if req.stop_text.stopped_at is not None:
                 req.finish_reason = FinishReason.stop(req.stop_text.stopped_at)
@@ -269,6 +270,7 @@ class OutputProcessor:
                 delta.embedding = req.embedding
             if req.num_sent == 0 and not req.input_logprobs_sent:
                 delta.stop = req.params.stop
+                delta.stop_regex = req.params.stop_regex
                 delta.skip_special_tokens = req.params.skip_special_tokens
             if req.return_logprob:
                 delta.output_logprobs, req.pending_output_logprobs = req.pending_output_logprobs, []

@@ -196,8 +196,9 @@ class Scheduler:
             self.output.emit([req])
             return
         try:
-            if req.params.stop:
-                req.stop_text = TextStream(self.tokenizer, req.params.stop, req.params.skip_special_tokens)
+            if req.params.stop or req.params.stop_regex:
+                req.stop_text = TextStream(self.tokenizer, req.params.stop, req.params.skip_special_tokens,
+                                           stop_regex=req.params.stop_regex)
             if msg.grammar is not None:
                 req.grammar_future = self.grammars.compile_async(*msg.grammar)
         except Exception as exc:

@@ -4,7 +4,7 @@
 return the messages or prompts to tokenize; ``sampling_dict`` maps a request onto radixrt sampling params
 (SGLang's names), which then go through the runtime's own request path (radixrt.protocol.request.prepare).
 Extensions accepted beside OpenAI's fields (as SGLang and vLLM do): top_k, min_p, repetition_penalty,
-min_tokens, ignore_eos, skip_special_tokens, stop_token_ids, regex, json_schema, rid (SGLang: the request id,
+min_tokens, ignore_eos, skip_special_tokens, stop_token_ids, stop_regex, regex, json_schema, rid (SGLang: the request id,
 one per sequence); on chat, SGLang's separate_reasoning, stream_reasoning and chat_template_kwargs. SGLang's other extensions are declared from ``sglang_compat.OPENAI`` and checked by
 ``check_common`` (ignored, or refused unless they ask for nothing).
 Responses are built in radixrt.server.openai_responses. ``EmbeddingRequest`` is /v1/embeddings' body.
@@ -56,6 +56,7 @@ class _Common(_SGLangExtras, forbid_unknown_fields=True, kw_only=True):
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None  # SGLang's: a match ends the output there (checked by SamplingParams)
     regex: str | None = None
     json_schema: str | None = None
     rid: str | list[str] | None = None
@@ -203,7 +204,7 @@ def sampling_dict(req: _Common, max_new_tokens: int) -> dict[str, Any]:
     """OpenAI fields -> radixrt sampling params (validated afterwards by SamplingParams / validate_request)."""
     out: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "seed",
+                 "frequency_penalty", "stop", "stop_token_ids", "stop_regex", "ignore_eos", "skip_special_tokens", "seed",
                  "regex", "json_schema"):
         value = getattr(req, name)
         if value is not None:

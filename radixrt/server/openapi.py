@@ -19,6 +19,7 @@ import msgspec
 
 from radixrt.protocol.messages import SessionParams
 from radixrt.protocol.request import MAX_PRIORITY
+from radixrt.sampling.stop_regex import MAX_PATTERN_CHARS
 from radixrt.server import openai_protocol as oai
 from radixrt.server.json_numbers import INT64_MAX, INT64_MIN
 from radixrt.server.native_protocol import (
@@ -169,6 +170,12 @@ def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> N
         if "regex" in props:  # a pattern, so at least one character
             for branch in _branches(props["regex"], ("string",)):
                 branch["minLength"] = 1
+        if "stop_regex" in props:  # one pattern or a list (radixrt.sampling.stop_regex)
+            pattern = {"type": "string", "minLength": 1, "maxLength": MAX_PATTERN_CHARS}
+            for branch in _branches(props["stop_regex"], ("string",)):
+                branch.update(pattern)
+            for branch in _branches(props["stop_regex"], ("array",)):
+                branch["items"] = pattern
         if "stop_token_ids" in props:
             for branch in _branches(props["stop_token_ids"], ("array",)):
                 branch["items"] = {"type": "integer", **token}
