@@ -104,10 +104,11 @@ def bounded_schema(doc: dict[str, Any], max_tokens: int = 4, max_items: int = 3,
     schemas["ChatCompletionRequest"]["properties"]["tools"] = {"type": "null"}
     schemas["ChatCompletionRequest"]["properties"]["tool_choice"] = {"type": "null"}
     # ... a stream of one prompt with n = 1; one constraint at most, a regex that compiles, a JSON schema that parses,
-    # no stop regex (a random pattern may not compile, or may match the empty string)
+    # no stop regex (a random pattern may not compile, or may match the empty string), no logit bias (a random
+    # token id may lie past the vocabulary)
     schemas["GenerateBody"]["properties"]["stream"] = {"const": False}
     for name in ("SamplingParams", "CompletionRequest", "ChatCompletionRequest"):
-        for field in ("regex", "json_schema", "choices", "ebnf", "stop_regex"):
+        for field in ("regex", "json_schema", "choices", "ebnf", "stop_regex", "logit_bias"):
             if field in schemas[name]["properties"]:
                 schemas[name]["properties"][field] = {"type": "null"}
     return doc

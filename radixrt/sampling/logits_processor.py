@@ -1,4 +1,4 @@
-"""Per-request logits processing before sampling: penalties, banned tokens, logprobs of the raw model.
+"""Per-request logits processing before sampling: penalties, logit bias, banned tokens, logprobs of the raw model.
 
 Every tensor made here is made on the logits' device; token ids given as a tensor on another device are
 moved there.
@@ -54,6 +54,21 @@ def _padded(ids: list[list[int]], pad: int) -> np.ndarray:
     for row, values in zip(out, ids):
         row[: len(values)] = values
     return out
+
+
+def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Add each request's ``logit_bias`` (token id -> bias, checked by SamplingParams) to its row, in place, all
+    rows in one copy (OpenAI's: added to the logits before sampling; -100 all but bans a token, +100 all but
+    forces it)."""
+    entries = [(row, int(token), bias) for row, p in enumerate(params) if p.logit_bias
+               for token, bias in p.logit_bias.items()]
+    if not entries:
+        return logits
+    t = stage({"rows": np.array([e[0] for e in entries], np.int64),
+               "tokens": np.array([e[1] for e in entries], np.int64),
+               "bias": np.array([e[2] for e in entries], np.float32)}, logits.device)
+    logits.index_put_((t["rows"], t["tokens"]), t["bias"].to(logits.dtype), accumulate=True)
+    return logits
 
 
 def ban_tokens(logits: torch.Tensor, banned: list[list[int]]) -> torch.Tensor:

@@ -7,6 +7,7 @@ is refused unless it holds its default. ``sampling_seed`` (SGLang's name) is ``s
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -19,7 +20,6 @@ SGLANG_FIELDS: dict[str, Rule] = {
     "spaces_between_special_tokens": Unsupported("decoding without spaces between special tokens", (None, True)),
     "stream_interval": Ignored("radixrt streams what each scheduler step produced"),
     "custom_params": Unsupported("parameters of a custom logit processor"),
-    "logit_bias": Unsupported("logit bias"),
     "ebnf": Unsupported("EBNF grammars"),
     "structural_tag": Unsupported("structural tags"),
     "beam_width": Unsupported("beam search", (None, 0, 1)),
@@ -39,6 +39,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     stop_regex: str | list[str] | None = None  # a match in the output ends it there, as a stop string does
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token id (a decimal string) -> bias in [-100, 100]
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     seed: int | None = None
@@ -52,7 +53,6 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     spaces_between_special_tokens: compat_type(SGLANG_FIELDS["spaces_between_special_tokens"]) = None
     stream_interval: compat_type(SGLANG_FIELDS["stream_interval"]) = None
     custom_params: compat_type(SGLANG_FIELDS["custom_params"]) = None
-    logit_bias: compat_type(SGLANG_FIELDS["logit_bias"]) = None
     ebnf: compat_type(SGLANG_FIELDS["ebnf"]) = None
     structural_tag: compat_type(SGLANG_FIELDS["structural_tag"]) = None
     beam_width: compat_type(SGLANG_FIELDS["beam_width"]) = None
@@ -99,6 +99,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             raise ValueError("stop strings must be non-empty strings")
         if self.stop_regex:
             check_stop_regexes(self.stop_regex)
+        if self.logit_bias:
+            check_logit_bias(self.logit_bias, vocab_size)
         if vocab_size is not None and self.stop_token_ids:
             bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
             if bad:
@@ -112,3 +114,20 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             return msgspec.convert(values or {}, cls)
         except msgspec.ValidationError as exc:
             raise ValueError(f"invalid sampling_params: {exc}") from None
+
+
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def check_logit_bias(bias: dict[str, float], vocab_size: int | None) -> None:
+    """OpenAI's rules: keys are token ids written as decimal integers, values in [-100, 100]."""
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} tokens")
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise ValueError(f"logit_bias keys must be token ids (decimal integers), got {key!r}")
+        if vocab_size is not None and int(key) >= vocab_size:
+            raise ValueError(f"logit_bias token {key} is outside the vocabulary (size {vocab_size})")
+        if not (math.isfinite(value) and -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS):
+            raise ValueError(f"logit_bias values must be in [-100, 100], got {value!r} for token {key}")

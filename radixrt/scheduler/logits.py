@@ -1,4 +1,5 @@
-"""What a forward's logits become: next tokens (penalties, min-token bans, grammar masks, sampling) and logprobs.
+"""What a forward's logits become: next tokens (penalties, logit bias, min-token bans, grammar masks, sampling) and
+logprobs.
 
 ``next_tokens`` samples a batch of requests at once (a constrained request closes its match when its budget
 runs out: ``close_within_budget``) and appends output logprobs to each request's pending ones;
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixrt.constrained.grammar import CLOSING_HORIZON
-from radixrt.sampling.logits_processor import apply_penalties, ban_tokens, token_logprobs
+from radixrt.sampling.logits_processor import apply_logit_bias, apply_penalties, ban_tokens, token_logprobs
 from radixrt.sampling.sampler import SamplingBatch, sample
 from radixrt.scheduler.request import Req
 
@@ -31,6 +32,7 @@ def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_
     if any(r.return_logprob for r in reqs):  # logprobs are of the raw logits: penalise and mask a copy
         logits = logits.clone()
     apply_penalties(logits, params, [r.prompt_ids for r in reqs], [r.output_ids for r in reqs])
+    apply_logit_bias(logits, params)
     banned = []
     for r in reqs:
         ids: list[int] = []

@@ -1,6 +1,6 @@
 """OpenAI-compatible request schemas (msgspec, unknown fields refused) and the checks that need no tokenizer.
 
-``check_chat`` and ``check_completion`` refuse what the runtime does not serve (suffix, logit_bias, ...) and
+``check_chat`` and ``check_completion`` refuse what the runtime does not serve (suffix, ...) and
 return the messages or prompts to tokenize; ``sampling_dict`` maps a request onto radixrt sampling params
 (SGLang's names), which then go through the runtime's own request path (radixrt.protocol.request.prepare).
 Extensions accepted beside OpenAI's fields (as SGLang and vLLM do): top_k, min_p, repetition_penalty,
@@ -121,8 +121,6 @@ def check_common(req: _Common) -> None:
     sglang_compat.check(req, sglang_compat.OPENAI)
     if req.stream_options is not None and not req.stream:
         raise RequestError("stream_options is only allowed when stream is true")
-    if req.logit_bias:
-        raise RequestError("logit_bias is not supported")
 
 
 def check_chat_limits(req: ChatCompletionRequest, max_messages: int, max_tools: int, limits: Any) -> None:
@@ -204,7 +202,8 @@ def sampling_dict(req: _Common, max_new_tokens: int) -> dict[str, Any]:
     """OpenAI fields -> radixrt sampling params (validated afterwards by SamplingParams / validate_request)."""
     out: dict[str, Any] = {"max_new_tokens": max_new_tokens, "n": req.n}
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "stop", "stop_token_ids", "stop_regex", "ignore_eos", "skip_special_tokens", "seed",
+                 "frequency_penalty", "stop", "stop_token_ids", "stop_regex", "logit_bias", "ignore_eos",
+                 "skip_special_tokens", "seed",
                  "regex", "json_schema"):
         value = getattr(req, name)
         if value is not None:

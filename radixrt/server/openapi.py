@@ -19,6 +19,7 @@ import msgspec
 
 from radixrt.protocol.messages import SessionParams
 from radixrt.protocol.request import MAX_PRIORITY
+from radixrt.sampling.params import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES
 from radixrt.sampling.stop_regex import MAX_PATTERN_CHARS
 from radixrt.server import openai_protocol as oai
 from radixrt.server.json_numbers import INT64_MAX, INT64_MIN
@@ -170,6 +171,8 @@ def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> N
         if "regex" in props:  # a pattern, so at least one character
             for branch in _branches(props["regex"], ("string",)):
                 branch["minLength"] = 1
+        if "logit_bias" in props:  # token ids (below the vocabulary size: checked by the server) to a bias
+            props["logit_bias"] = {"anyOf": [LOGIT_BIAS, {"type": "null"}]}
         if "stop_regex" in props:  # one pattern or a list (radixrt.sampling.stop_regex)
             pattern = {"type": "string", "minLength": 1, "maxLength": MAX_PATTERN_CHARS}
             for branch in _branches(props["stop_regex"], ("string",)):
@@ -222,9 +225,6 @@ def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> N
     for name in ("CompletionRequest", "ChatCompletionRequest"):
         components[name].update(_stream_options_need_stream())
         components[name]["properties"]["response_format"] = {"anyOf": [RESPONSE_FORMAT, {"type": "null"}]}
-        # refused unless empty (radixrt applies no logit bias yet)
-        components[name]["properties"]["logit_bias"] = {"anyOf": [{"type": "object", "maxProperties": 0},
-                                                                  {"type": "null"}]}
     chat["tool_choice"] = {"anyOf": [{"enum": ["none", "auto", "required"]}, TOOL_CHOICE, {"type": "null"}]}
     chat_rules = components["ChatCompletionRequest"].setdefault("allOf", [])
     chat_rules.append({"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
@@ -265,6 +265,9 @@ RID = {"type": "string", "minLength": 1}
 TOOL_CHOICE = {"type": "object", "required": ["type", "function"], "properties": {
     "type": {"const": "function"},
     "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}
+LOGIT_BIAS = {"type": "object", "maxProperties": MAX_LOGIT_BIAS_ENTRIES, "propertyNames": {"pattern": "^[0-9]{1,10}$"},
+              "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS}}
+
 RESPONSE_FORMAT = {"type": "object", "required": ["type"], "properties": {
     "type": {"enum": ["text", "json_object", "json_schema", "regex"]},
     "json_schema": {"type": "object"}, "regex": {"type": "string", "minLength": 1}},
