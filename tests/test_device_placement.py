@@ -203,7 +203,7 @@ def _serve(folder, device) -> dict[str, dict]:
             entry["prompt_logprobs"] = delta.input_logprobs or entry["prompt_logprobs"]
             entry["finish"] = delta.finish_reason or entry["finish"]
 
-    scheduler = Scheduler(ServerArgs(device=str(device), log_interval=0), runner, None, {0}, sink)
+    scheduler = Scheduler(ServerArgs(log_interval=0), runner, None, {0}, sink)  # it follows the runner's device
     shared = SHARED + [2, 3, 4, 5, 6, 7, 8, 9, 10]
     for msg in [
         GenerateReq("greedy", shared + [11], SamplingParams(max_new_tokens=6, temperature=0), return_logprob=True,
