@@ -76,7 +76,7 @@ class ServerArgs:
     session_timeout: float | None = field(default=None, metadata={"help": "close a session idle this many seconds (default: never)"})
     max_open_sessions: int = field(default=1024, metadata={"help": "open sessions at most (more are refused)"})
     # ----- speculative decoding (docs/FEATURES.md) -----
-    speculative_algorithm: str | None = field(default=None, metadata={"help": "NGRAM: each decoding request drafts tokens from text the runtime has seen (the radix cache's continuation of its exact context, else n-gram matches in its own context and in recent requests) and the model verifies the draft in the same forward; the tokens are the same as without it (default: off)"})
+    speculative_algorithm: str | None = field(default=None, metadata={"help": "NGRAM: each decoding request drafts tokens from text the runtime has seen (the radix cache's continuation of its exact context, else n-gram matches in its own context and in recent requests) and the model verifies the draft in the same forward; the tokens are the same as without it (default: off)", "choices": ("NGRAM",)})
     speculative_num_draft_tokens: int = field(default=8, metadata={"help": "most draft tokens a request verifies in one step (the length adapts to how often its drafts are accepted)"})
     speculative_ngram_min_match_window_size: int = field(default=1, metadata={"help": "fewest latest tokens an n-gram draft's match must share"})
     speculative_ngram_max_match_window_size: int = field(default=12, metadata={"help": "most latest tokens compared when choosing among n-gram matches"})
@@ -84,7 +84,7 @@ class ServerArgs:
     disable_speculative_cache_drafts: bool = field(default=False, metadata={"help": "draft from n-gram matches only, never from continuations in the radix cache"})
     speculative_ngram_min_bfs_breadth: int = field(default=1, metadata={"no_effect": "radixrt drafts one chain of tokens, not a tree"})
     speculative_ngram_max_bfs_breadth: int = field(default=10, metadata={"no_effect": "radixrt drafts one chain of tokens, not a tree"})
-    speculative_ngram_match_type: str = field(default="BFS", metadata={"no_effect": "radixrt drafts one chain of tokens, not a tree (BFS or PROB)"})
+    speculative_ngram_match_type: str = field(default="BFS", metadata={"no_effect": "radixrt drafts one chain of tokens, not a tree (BFS or PROB)", "choices": ("BFS", "PROB")})
     speculative_ngram_branch_length: int = field(default=18, metadata={"no_effect": "radixrt matches whole recent texts, not a trie of bounded depth"})
     # ----- tensor parallelism (docs/SCALING.md) -----
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks: each holds 1/N of the heads and MLP (gloo on a CPU, NCCL on CUDA)", "aliases": ("--tp", "--tensor-parallel-size")})
@@ -164,8 +164,6 @@ class ServerArgs:
                 raise ValueError(f"speculative_algorithm {self.speculative_algorithm!r}: radixrt drafts without a "
                                  "draft model, from text it has seen: NGRAM")
             self.speculative_algorithm = "NGRAM"
-        if self.speculative_ngram_match_type.upper() not in ("BFS", "PROB"):
-            raise ValueError("speculative_ngram_match_type must be BFS or PROB")
         for f in fields(self):
             value = getattr(self, f.name)
             choices = f.metadata.get("choices")

@@ -388,7 +388,8 @@ def test_http_session_routes(default_model_path):
         assert cont.status_code == 200, cont.text
         assert cont.json()["meta_info"]["prompt_tokens"] == first.json()["meta_info"]["prompt_tokens"] + 9
         metrics = http.get("/metrics").text
-        assert "sessions_open 2" in metrics and "pages_pinned" in metrics
+        samples = {line.split("{")[0]: line.split()[-1] for line in metrics.splitlines() if not line.startswith("#")}
+        assert samples["radixrt_sessions_open"] == "2" and "radixrt_pages_pinned" in samples
         assert http.post("/close_session", json={"session_id": session_id}).status_code == 200
         assert http.post("/close_session", json={"session_id": "s1"}).status_code == 200
         assert http.post("/close_session", json={"session_id": "s1"}).status_code == 200  # unknown: as SGLang
