@@ -170,11 +170,19 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
     table = summarize(rows)
-    vllm = run_vllm(args.vllm_python, model, args) if args.vllm_python else None
+    vllm = None
+    if args.vllm_python:  # radixrt's rows are shown and kept first: they stand if vLLM's run fails
+        print_table(table, None)
+        _write(args.json, context, table, None)
+        vllm = run_vllm(args.vllm_python, model, args)
     print_table(table, vllm)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": context, "radixrt": table, "vllm": vllm}, indent=1))
+    _write(args.json, context, table, vllm)
     return 0
+
+
+def _write(path: str | None, context: dict, table: list[dict], vllm: list[dict] | None) -> None:
+    if path:
+        Path(path).write_text(json.dumps({"machine": context, "radixrt": table, "vllm": vllm}, indent=1))
 
 
 if __name__ == "__main__":
