@@ -164,14 +164,7 @@ class Engine:
         prepared, handles = self._submit(req, waker)
         if stream:
             return self._stream(handles[0], waker)
-        try:
-            while not all(h.finished for h in handles):
-                if not waker.wait(POLL_SECONDS):
-                    self._check_alive()
-        except BaseException:
-            self.client.abort_unfinished(handles)
-            raise
-        results = [self._result(h) for h in handles]
+        results = self._wait(handles, waker)
         return results if prepared.batched or len(results) > 1 else results[0]
 
     def encode(self, prompt: str | list[str] | None = None, input_ids: list[int] | list[list[int]] | None = None,
@@ -181,6 +174,11 @@ class Engine:
         prompts. The prompts go through the request path and the scheduler as prefill-only requests."""
         waker = ThreadWaker()
         prepared, handles = self._submit(GenerateInput(text=prompt, input_ids=input_ids, rid=rid, embed=True), waker)
+        results = self._wait(handles, waker)
+        return results if prepared.batched else results[0]
+
+    def _wait(self, handles: list[Handle], waker: ThreadWaker) -> list[dict]:
+        """Every handle's result once all have finished (an interrupted wait aborts the unfinished ones)."""
         try:
             while not all(h.finished for h in handles):
                 if not waker.wait(POLL_SECONDS):
@@ -188,8 +186,7 @@ class Engine:
         except BaseException:
             self.client.abort_unfinished(handles)
             raise
-        results = [self._result(h) for h in handles]
-        return results if prepared.batched else results[0]
+        return [self._result(h) for h in handles]
 
     def _changed(self, handle: Handle, seen: tuple | None) -> tuple[dict | None, tuple]:
         """(the response if it changed since ``seen``, else None; what was seen now): a stream's next chunk."""

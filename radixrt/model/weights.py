@@ -22,7 +22,7 @@ import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from radixrt import env
 
@@ -99,28 +99,30 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def _ensure_bundled(name: str, spec: BundledGGUF) -> Path:
-    target = cache_root() / "models" / name
-    if (target / _COMPLETE_MARKER).exists():
-        return target
-    with _file_lock(cache_root() / "models" / f"{name}.lock"):
-        if (target / _COMPLETE_MARKER).exists():
-            return target
-        with tempfile.TemporaryDirectory(dir=cache_root()) as scratch:
-            gguf = _locate_gguf(spec, Path(scratch))
-            _check_sha256(gguf, spec.sha256)
-            staging = Path(scratch) / "converted"
-            _convert_gguf(gguf, staging)
-            (staging / _COMPLETE_MARKER).write_text(spec.sha256 + "\n")
-            if target.exists():
-                shutil.rmtree(target)
-            shutil.move(str(staging), target)
-    return target
+    def convert(scratch: Path, staging: Path) -> None:
+        gguf = _locate_gguf(spec, scratch)
+        _check_sha256(gguf, spec.sha256)
+        _convert_gguf(gguf, staging)
+
+    return _converted_once(name, spec.sha256, convert)
 
 
 def _ensure_gguf_file(gguf: Path) -> Path:
     """A user's GGUF file as a converted folder in the cache (converted on first use)."""
     digest = _sha256(gguf)
-    name = f"gguf-{digest[:16]}"
+
+    def convert(scratch: Path, staging: Path) -> None:
+        try:
+            _convert_gguf(gguf.resolve(), staging)
+        except Exception as exc:  # not a GGUF file, or an architecture transformers cannot read from one
+            raise ModelNotFoundError(f"cannot load {gguf} as a GGUF model: {type(exc).__name__}: {exc}") from None
+
+    return _converted_once(f"gguf-{digest[:16]}", digest, convert)
+
+
+def _converted_once(name: str, digest: str, convert: Callable[[Path, Path], None]) -> Path:
+    """The cache's folder ``models/<name>``, made by ``convert(scratch, staging)`` under a file lock the first
+    time (a folder without the completion marker is made again)."""
     target = cache_root() / "models" / name
     if (target / _COMPLETE_MARKER).exists():
         return target
@@ -129,10 +131,7 @@ def _ensure_gguf_file(gguf: Path) -> Path:
             return target
         with tempfile.TemporaryDirectory(dir=cache_root()) as scratch:
             staging = Path(scratch) / "converted"
-            try:
-                _convert_gguf(gguf.resolve(), staging)
-            except Exception as exc:  # not a GGUF file, or an architecture transformers cannot read from one
-                raise ModelNotFoundError(f"cannot load {gguf} as a GGUF model: {type(exc).__name__}: {exc}") from None
+            convert(Path(scratch), staging)
             (staging / _COMPLETE_MARKER).write_text(digest + "\n")
             if target.exists():
                 shutil.rmtree(target)

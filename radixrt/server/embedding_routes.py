@@ -21,7 +21,7 @@ from radixrt.protocol.request import GenerateInput, Prepared
 from radixrt.server import openai_protocol as oai
 from radixrt.server.client_wait import gather
 from radixrt.server.http_common import decode_request, json_response, route
-from radixrt.server.openai_routes import served_model
+from radixrt.server.openai_routes import prompt_ids, served_model
 from radixrt.server.tokenizer_manager import TokenizerManager
 
 
@@ -44,13 +44,7 @@ async def embeddings(tm: TokenizerManager, request: Request) -> Response:
 
 
 def _prepare(tm: TokenizerManager, prompts: list[str | list[int]]) -> Prepared:
-    ids = []
-    for prompt in prompts:
-        if isinstance(prompt, str):
-            tm.client_limits.check_text(prompt)
-            prompt = tm.tokenizer.encode(prompt)
-        ids.append(prompt)
-    return tm.prepare(GenerateInput(input_ids=ids, embed=True))
+    return tm.prepare(GenerateInput(input_ids=prompt_ids(tm, prompts), embed=True))
 
 
 def encode_vector(vector: list[float], encoding_format: str | None) -> Any:

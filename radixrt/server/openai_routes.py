@@ -160,14 +160,20 @@ def chat_prompt_ids(tm: TokenizerManager, tools: ServerTools, messages: list[dic
         raise RequestError(f"cannot apply the chat template: {exc}") from None
 
 
-def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompts: list[str | list[int]]
-                        ) -> Prepared:
+def prompt_ids(tm: TokenizerManager, prompts: list[str | list[int]]) -> list[list[int]]:
+    """Each prompt as token ids: text within the server's limits is encoded, ids pass as they are."""
     ids = []
     for prompt in prompts:
         if isinstance(prompt, str):
             tm.client_limits.check_text(prompt)
             prompt = tm.tokenizer.encode(prompt)
         ids.append(prompt)
+    return ids
+
+
+def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompts: list[str | list[int]]
+                        ) -> Prepared:
+    ids = prompt_ids(tm, prompts)
     max_new = oai.completion_max_new_tokens(req)
     sampling = [oai.sampling_dict(req, tm.max_new_tokens_default(len(one)) if max_new is None else max_new)
                 for one in ids]
