@@ -41,7 +41,7 @@ import torch
 logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "paged_extend.cpp", "fused_ops.cpp",
-                                    "linear_panels.cpp")]
+                                    "linear_panels.cpp", "linear_bf16.cpp")]
 HEADERS = [CSRC / "dtype_vec.h", CSRC / "bf16_pairs.h"]
 VECTORS_ENV = "RADIXRT_CPU_VECTORS"
 AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # what ATen's AVX-512 vectors need
@@ -296,6 +296,24 @@ def pack_linear_panels(weight: torch.Tensor) -> torch.Tensor:
 def linear_panels(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
     """``x @ W^T (+ bias)`` in fp32 with ``W`` packed by :func:`pack_linear_panels`; ``x`` ``[..., in]``."""
     return _call("radixrt::linear_panels", _module().linear_panels, x, panels, int(out_features), bias)
+
+
+def linear_bf16_built() -> bool:
+    """Whether :func:`linear_bf16` multiplies with AVX512-BF16 dot products here (elsewhere it runs, slowly, on
+    their stand-in: for tests only)."""
+    module = load()
+    return module is not None and module.linear_bf16_built()
+
+
+def pack_linear_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 ``weight`` ``[out, in]`` (``in`` even) as panels of 16 outputs in pairs, ``[ceil(out / 16), in / 2,
+    16, 2]``, for :func:`linear_bf16`."""
+    return _module().pack_linear_bf16(weight.detach())
+
+
+def linear_bf16(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
+    """``x @ W^T (+ bias)`` in bf16 (fp32 sums, rounded once) with ``W`` packed by :func:`pack_linear_bf16`."""
+    return _call("radixrt::linear_bf16", _module().linear_bf16, x, panels, int(out_features), bias)
 
 
 def _call(name: str, kernel, *args):

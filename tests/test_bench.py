@@ -153,6 +153,28 @@ def test_linear_bench_times_every_kernel_at_every_row_count(capsys):
     assert len(rows) == 2 and all(line.count("(") == 3 for line in rows)
 
 
+def test_linear_bench_times_the_bf16_kernels(capsys):
+    import os
+    from unittest import mock
+
+    import torch
+
+    from radixrt.bench import linear_bench
+    from radixrt.kernels import cpu_kernels
+
+    assert linear_bench.main(["--rows", "1,9", "--layers", "2", "--rounds", "1", "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    from radixrt.model import cpu_linear
+
+    own = ["bf16"] if cpu_kernels.linear_bf16_built() else []
+    with mock.patch.dict(os.environ, {cpu_linear.KERNEL_ENV: "onednn"}):
+        onednn = ["onednn"] if cpu_linear.pack_weight(torch.ones(2, 2, dtype=torch.bfloat16)) is not None else []
+    kernels = own + onednn + ["plain"]
+    assert f"bfloat16, 2 layers' weights, kernels: {', '.join(kernels)}" in out
+    rows = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 9 |"))]
+    assert len(rows) == 2 and all(line.count("(") == len(kernels) for line in rows)
+
+
 @pytest.mark.model
 def test_cpu_step_bench_runs_every_section(capsys):
     from radixrt.bench import cpu_step_bench

@@ -1,5 +1,5 @@
-"""CPU linear layers with prepacked weights (the AVX2 panel kernel, oneDNN's) must compute what F.linear
-computes, and each CPU gets the kernel meant for it."""
+"""CPU linear layers with prepacked weights (the AVX2 fp32 panel kernel, the AVX512-BF16 bf16 panel kernel,
+oneDNN's) must compute what F.linear computes, and each CPU gets the kernel meant for it."""
 
 import subprocess
 import sys
@@ -72,13 +72,29 @@ def test_the_panel_kernel_is_preferred_on_avx2_cpus_without_avx512(flags, panels
     assert cpu_linear.prefers_panels(frozenset(flags)) is panels
 
 
+@pytest.mark.parametrize("flags, bf16_panels", [
+    ({"avx2", "fma"}, False),  # no bf16 dot product
+    ({"avx2", "fma", "avx512f", "avx512_bf16"}, True),  # Zen 4: the bf16 panels beat oneDNN there
+    ({"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"}, False),  # Sapphire Rapids: oneDNN's AMX tiles
+])
+def test_the_bf16_panel_kernel_is_preferred_on_avx512_bf16_cpus_without_amx(flags, bf16_panels):
+    assert cpu_linear.prefers_bf16_panels(frozenset(flags)) is bf16_panels
+
+
 def test_the_kernel_choice_follows_the_cpu_and_the_dtype(monkeypatch):
     monkeypatch.delenv(cpu_linear.KERNEL_ENV, raising=False)
-    expected = "panels" if cpu_linear.prefers_panels(cpu_kernels.cpu_flags()) else "onednn"
+    flags = cpu_kernels.cpu_flags()
+    expected = "panels" if cpu_linear.prefers_panels(flags) else "onednn"
     assert cpu_linear.choose_kernel(torch.ones(4, 4)) == expected
-    assert cpu_linear.choose_kernel(torch.ones(4, 4, dtype=torch.bfloat16)) == "onednn"  # panels are fp32 only
+    bf16 = "bf16" if cpu_linear.prefers_bf16_panels(flags) and cpu_kernels.linear_bf16_built() else "onednn"
+    assert cpu_linear.choose_kernel(torch.ones(4, 4, dtype=torch.bfloat16)) == bf16
+    assert cpu_linear.choose_kernel(torch.ones(4, 5, dtype=torch.bfloat16)) == "onednn"  # pairs need an even K
     monkeypatch.setenv(cpu_linear.KERNEL_ENV, "panels")
-    assert cpu_linear.choose_kernel(torch.ones(4, 4, dtype=torch.bfloat16)) == "onednn"
+    assert cpu_linear.choose_kernel(torch.ones(4, 4, dtype=torch.bfloat16)) == "onednn"  # panels are fp32 only
+    monkeypatch.setenv(cpu_linear.KERNEL_ENV, "bf16")
+    assert cpu_linear.choose_kernel(torch.ones(4, 4)) == "onednn"  # the bf16 panels are bf16 only
+    built = "bf16" if cpu_kernels.linear_bf16_built() else "onednn"
+    assert cpu_linear.choose_kernel(torch.ones(4, 4, dtype=torch.bfloat16)) == built
     monkeypatch.setenv(cpu_linear.KERNEL_ENV, "fastest")
     with pytest.raises(ValueError, match="RADIXRT_CPU_LINEAR='fastest'"):
         cpu_linear.choose_kernel(torch.ones(4, 4))
@@ -104,7 +120,7 @@ def test_bf16_packs_only_where_onednn_has_a_kernel():
     expected = layer(x).float()
     packed = layer.pack()
     assert (layer.packed is not None) == packed and (layer.weight is None) == packed
-    assert not packed or layer.packed.kernel == "onednn"
+    assert not packed or layer.packed.kernel == cpu_linear.choose_kernel(torch.ones(4, 4, dtype=torch.bfloat16))
     torch.testing.assert_close(layer(x).float(), expected, atol=0.1, rtol=0.02)
 
 
@@ -128,4 +144,56 @@ def test_runner_logits_same_packed_or_not(tmp_path, monkeypatch, kernel, family)
     batch = [SeqChunk([1, 5, 9, 30, 2], 0, [1, 2], logits_from=0), SeqChunk([7, 3], 0, [3])]
     torch.testing.assert_close(
         packed.forward(ForwardBatch.build(batch, 4)), plain.forward(ForwardBatch.build(batch, 4)), atol=1e-4, rtol=1e-4
+    )
+
+
+# rows: every tile height (1-8), 8 + a tail, 24 + 1, a block of 256 and past it; outputs: one panel, a partial
+# panel, groups of panels ending in 1, 2 or 3 panels (16 columns each)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 11, 25, 256, 259])
+@pytest.mark.parametrize("outputs", [16, 37, 64, 80, 96])
+def test_the_bf16_panels_compute_what_fp32_computes_rounded_once(rows, outputs):
+    """On every CPU: with AVX512-BF16 on vdpbf16ps, elsewhere on the instruction's stand-in (bf16_pairs.h)."""
+    gen = torch.Generator().manual_seed(rows * outputs)
+    weight = torch.randn(outputs, 48, generator=gen).bfloat16()
+    bias = torch.randn(outputs, generator=gen).bfloat16()
+    x = torch.randn(rows, 48, generator=gen).bfloat16()
+    panels = cpu_kernels.pack_linear_bf16(weight)
+    assert panels.shape == ((outputs + 15) // 16, 24, 16, 2)
+    want = x.double() @ weight.double().t()
+    for b, ref in ((None, want), (bias, want + bias.double())):
+        out = cpu_kernels.linear_bf16(x, panels, outputs, b)
+        assert out.dtype == torch.bfloat16 and out.shape == (rows, outputs)
+        # one rounding of an fp32 sum of exact products: within a bf16 ulp of the exact result (2**-8 relative)
+        torch.testing.assert_close(out.double(), ref, rtol=2**-8, atol=1e-5)
+
+
+def test_the_bf16_panels_take_any_leading_shape_a_strided_input_and_refuse_bad_ones():
+    weight = torch.randn(40, 24).bfloat16()
+    panels = cpu_kernels.pack_linear_bf16(weight)
+    x = torch.randn(3, 5, 48).bfloat16()[..., ::2]  # [3, 5, 24], not contiguous
+    torch.testing.assert_close(cpu_kernels.linear_bf16(x, panels, 40).double(), x.double() @ weight.double().t(),
+                               rtol=2**-8, atol=1e-5)
+    with pytest.raises(RuntimeError, match="x has 26 features, the weight 24"):
+        cpu_kernels.linear_bf16(torch.randn(2, 26).bfloat16(), panels, 40)
+    with pytest.raises(RuntimeError, match="bf16"):
+        cpu_kernels.linear_bf16(torch.randn(2, 24), panels, 40)
+    with pytest.raises(RuntimeError, match="out_features"):
+        cpu_kernels.linear_bf16(torch.randn(2, 24).bfloat16(), panels, 60)
+    with pytest.raises(RuntimeError, match="even number of input features"):
+        cpu_kernels.pack_linear_bf16(torch.randn(4, 7).bfloat16())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q/k/v biases
+def test_runner_logits_with_the_bf16_panels_match_the_plain_path(tmp_path, monkeypatch, family):
+    """Where the bf16 panels run (AVX512-BF16), a bf16 model packs every projection and the head for them."""
+    save_tiny_model(family, tmp_path)
+    monkeypatch.setenv(cpu_linear.KERNEL_ENV, "bf16")
+    packed = ModelRunner(tmp_path, dtype="bfloat16", num_pages=16, page_size=4)
+    monkeypatch.setenv("RADIXRT_DISABLE_PACKED_LINEAR", "1")
+    plain = ModelRunner(tmp_path, dtype="bfloat16", num_pages=16, page_size=4)
+    kernels = {m.packed.kernel for m in packed.model.modules() if getattr(m, "packed", None) is not None}
+    assert kernels == ({"bf16"} if cpu_kernels.linear_bf16_built() else kernels & {"onednn"})
+    batch = [SeqChunk([1, 5, 9, 30, 2], 0, [1, 2], logits_from=0), SeqChunk([7, 3], 0, [3])]
+    torch.testing.assert_close(
+        packed.forward(ForwardBatch.build(batch, 4)), plain.forward(ForwardBatch.build(batch, 4)), atol=0.05, rtol=0.02
     )

@@ -1,9 +1,11 @@
 """The CPU linear kernels side by side: the default model's projections at decode and prefill row counts.
 
     python -m radixrt.bench.linear_bench [--rows 1,8,16,32,64,128,512,2048] [--layers 30] [--rounds 2]
+                                         [--dtype float32|bfloat16]
 
-For each row count, each kernel of radixrt.model.cpu_linear that runs here (``panels`` where it is built,
-``onednn`` where torch has oneDNN) and plain ``F.linear`` compute the four projections of a decoder layer
+For each row count, each kernel of radixrt.model.cpu_linear that runs here for the dtype (fp32: ``panels``
+where it is built; bf16: ``bf16`` where it is built; ``onednn`` where torch has oneDNN) and plain ``F.linear``
+compute the four projections of a decoder layer
 (fused q/k/v, o, fused gate/up, down; SmolLM2-135M's shapes) over ``--layers`` layers' distinct random weights,
 so that the weights come from memory as in a forward pass. Kernels alternate within a round; each figure is
 the best round's time for all layers, with the GFLOPS it means.
@@ -25,13 +27,15 @@ from radixrt.model import cpu_linear
 SHAPES = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
 
 
-def _kernels() -> list[str]:
+def _kernels(dtype: torch.dtype) -> list[str]:
     found = []
-    with mock.patch.dict(os.environ, {cpu_linear.KERNEL_ENV: "panels"}):
-        if cpu_linear.choose_kernel(torch.ones(1, 1)) == "panels":
-            found.append("panels")
-    if torch.backends.mkldnn.is_available():
-        found.append("onednn")
+    own = "panels" if dtype == torch.float32 else "bf16"
+    with mock.patch.dict(os.environ, {cpu_linear.KERNEL_ENV: own}):
+        if cpu_linear.choose_kernel(torch.ones(2, 2, dtype=dtype)) == own:
+            found.append(own)
+    with mock.patch.dict(os.environ, {cpu_linear.KERNEL_ENV: "onednn"}):
+        if cpu_linear.pack_weight(torch.ones(2, 2, dtype=dtype)) is not None:  # no bf16 kernel on some CPUs
+            found.append("onednn")
     return found + ["plain"]
 
 
@@ -48,16 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,8,16,32,64,128,512,2048")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    kernels = _kernels()
-    weights = {name: [torch.randn(n, k) * 0.02 for _ in range(args.layers)] for name, k, n in SHAPES}
+    dtype = getattr(torch, args.dtype)
+    kernels = _kernels(dtype)
+    weights = {name: [(torch.randn(n, k) * 0.02).to(dtype) for _ in range(args.layers)] for name, k, n in SHAPES}
     runs = {kernel: {name: _prepare(kernel, ws) for name, ws in weights.items()} for kernel in kernels}
-    print(f"{torch.get_num_threads()} threads, float32, {args.layers} layers' weights, kernels: {', '.join(kernels)}")
+    print(f"{torch.get_num_threads()} threads, {args.dtype}, {args.layers} layers' weights, "
+          f"kernels: {', '.join(kernels)}")
     print("| rows | " + " | ".join(f"{k} ms (GFLOPS)" for k in kernels) + " |")
     print("|---:|" + "---:|" * len(kernels))
     for rows in (int(r) for r in args.rows.split(",")):
-        xs = {name: torch.randn(rows, k) for name, k, _ in SHAPES}
+        xs = {name: torch.randn(rows, k).to(dtype) for name, k, _ in SHAPES}
         flops = sum(2 * rows * k * n * args.layers for _, k, n in SHAPES)
         best = {kernel: float("inf") for kernel in kernels}
         for _ in range(args.rounds + 1):  # the first round warms up

@@ -6,12 +6,17 @@
 - ``panels`` (radixrt.kernels' ``linear_panels``): fp32 on CPUs with AVX2/FMA and no AVX-512, the weight in
   panels of 16 output columns that each thread streams once per block of rows. On such a CPU it ran 15-40%
   faster than oneDNN's prepacked kernel at every row count from 1 to 2048 (docs/BENCHMARKS.md).
+- ``bf16`` (radixrt.kernels' ``linear_bf16``): bf16 on CPUs with AVX512-BF16 and no AMX, the weight in panels
+  of 16 output columns as bf16 pairs, multiplied with ``vdpbf16ps`` in tiles of 8 rows by 3 panels. On an AMD
+  EPYC (Zen 4) it ran 1.05-2x faster than oneDNN's prepacked bf16 kernel from 1 to 2048 rows, most at decode
+  sizes (docs/BENCHMARKS.md). Where the CPU has AMX, oneDNN's tiles are left in charge (not measured there).
 - ``onednn``: oneDNN's blocked layout (what inductor's ``mkldnn`` linear does), for everything else. Its bf16
   kernels need AVX512-BF16/AMX or AVX-NE-CONVERT; where the CPU lacks them the reorder fails and the layer
   keeps ``F.linear``.
 
-``RADIXRT_CPU_LINEAR=onednn|panels`` forces one kernel (``panels`` where it can run: fp32, built with AVX2);
-``RADIXRT_DISABLE_PACKED_LINEAR=1`` keeps every layer on ``F.linear``.
+``RADIXRT_CPU_LINEAR=onednn|panels|bf16`` forces one kernel where it can run (``panels``: fp32, built with AVX2;
+``bf16``: bf16 weights with an even ``in``, built with AVX512-BF16); ``RADIXRT_DISABLE_PACKED_LINEAR=1`` keeps
+every layer on ``F.linear``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from radixrt.kernels import cpu_kernels
 
 BATCH_HINT = 64  # the row count oneDNN tunes its blocked layout for; any row count works afterwards
 KERNEL_ENV = "RADIXRT_CPU_LINEAR"
-KERNELS = ("panels", "onednn")
+KERNELS = ("panels", "bf16", "onednn")
 
 
 @dataclass(frozen=True)
@@ -46,14 +51,25 @@ def prefers_panels(flags: frozenset[str]) -> bool:
     return {"avx2", "fma"} <= flags and "avx512f" not in flags
 
 
+def prefers_bf16_panels(flags: frozenset[str]) -> bool:
+    """AVX512-BF16 without AMX: where the bf16 panel kernel beat oneDNN (with AMX oneDNN has the tiles)."""
+    return "avx512_bf16" in flags and "amx_bf16" not in flags
+
+
 def choose_kernel(weight: torch.Tensor) -> str:
-    """The kernel that runs ``weight`` here: ``panels`` for fp32 where it is preferred (or forced) and built."""
+    """The kernel that runs ``weight`` here: ``panels`` for fp32 and ``bf16`` for bf16 where preferred (or forced)
+    and built, else ``onednn``."""
     forced = os.environ.get(KERNEL_ENV)
     if forced is not None and forced not in KERNELS:
         raise ValueError(f"{KERNEL_ENV}={forced!r}; choose one of {', '.join(KERNELS)}")
-    wants_panels = forced == "panels" or (forced is None and prefers_panels(cpu_kernels.cpu_flags()))
+    flags = cpu_kernels.cpu_flags()
+    wants_panels = forced == "panels" or (forced is None and prefers_panels(flags))
     if wants_panels and weight.dtype == torch.float32 and cpu_kernels.linear_panels_usable():
         return "panels"
+    wants_bf16 = forced == "bf16" or (forced is None and prefers_bf16_panels(flags))
+    if (wants_bf16 and weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.shape[1] % 2 == 0
+            and cpu_kernels.linear_bf16_built()):
+        return "bf16"
     return "onednn"
 
 
@@ -61,8 +77,11 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
     """``weight`` (``[out, in]``) packed for this CPU's kernel, or None where no kernel runs its dtype here."""
     if not packing_enabled(weight.device):
         return None
-    if choose_kernel(weight) == "panels":
+    kernel = choose_kernel(weight)
+    if kernel == "panels":
         return PackedWeight(cpu_kernels.pack_linear_panels(weight), weight.shape[0], "panels")
+    if kernel == "bf16":
+        return PackedWeight(cpu_kernels.pack_linear_bf16(weight), weight.shape[0], "bf16")
     if not torch.backends.mkldnn.is_available():
         return None
     try:
@@ -76,4 +95,6 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
     """``x @ W^T (+ bias)`` with ``W`` as returned by :func:`pack_weight`."""
     if packed.kernel == "panels":
         return cpu_kernels.linear_panels(x, packed.data, packed.out_features, bias)
+    if packed.kernel == "bf16":
+        return cpu_kernels.linear_bf16(x, packed.data, packed.out_features, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed.data, bias, "none", [], "")

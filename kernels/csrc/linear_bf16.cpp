@@ -1,0 +1,187 @@
+// bf16 linear layers on AVX512-BF16 CPUs: y = x W^T (+ b) with W packed once into panels of 16 output columns
+// held as bf16 pairs, multiplied by `vdpbf16ps` (32 products into 16 fp32 lanes per instruction).
+//
+// Layout: panel p holds W's rows 16p..16p+15, [K/2][16][2]: for each pair of k, the 16 columns' two weights side
+// by side (the last panel zero-padded), so a panel is one contiguous stream and one 64-byte load feeds a whole
+// instruction. A tile is up to 8 rows of x against up to 3 panels: 24 accumulators in registers over all of K
+// (the instruction's latency needs about that many in flight), each row's pair of x broadcast once per k-pair for
+// the three panels, each panel's vector loaded once for the eight rows. Threads take groups of three panels; a
+// block of up to kRowBlock rows of x stays in L2 while the panels pass, so a decode-sized product (1-64 rows)
+// reads every weight from memory once. Outputs are fp32 sums rounded once to bf16 (nearest even), as a bf16
+// GEMM that accumulates in fp32 does; only the order of the sum differs from oneDNN's.
+//
+// Without AVX512-BF16 the same loops run on bf16_pairs.h's stand-in for the instruction (the tests' path on
+// other CPUs); the runtime takes this kernel only where the instruction exists (linear_bf16_built()).
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <cstring>
+
+#include "bf16_pairs.h"
+
+namespace {
+
+using radixrt::pairs::F16;
+namespace pairs = radixrt::pairs;
+
+constexpr int64_t kCols = 16;       // output columns of a panel
+constexpr int kTileRows = 8;        // rows of x in a tile
+constexpr int kTilePanels = 3;      // panels in a tile
+constexpr int64_t kRowBlock = 256;  // rows of x a block of work keeps in L2 while the panels pass
+
+// fp32 lanes rounded to bf16 (nearest even, NaN kept) into n <= 16 outputs
+inline void store_bf16(c10::BFloat16* out, const float* lanes, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) out[c] = c10::BFloat16(lanes[c]);
+}
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+inline void store_lanes(c10::BFloat16* out, F16 v, int64_t n) {
+  const __m256i bits = (__m256i)_mm512_cvtneps_pbh(v);
+  if (n == kCols) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bits);
+  } else {
+    _mm256_mask_storeu_epi16(out, static_cast<__mmask16>((1u << n) - 1), bits);
+  }
+}
+#else
+inline void store_lanes(c10::BFloat16* out, F16 v, int64_t n) {
+  alignas(64) float lanes[kCols];
+  pairs::store16(lanes, v);
+  store_bf16(out, lanes, n);
+}
+#endif
+
+// Rows R (1..8) of x times panels P (1..3): out[r][16 p + c] = x[r] . W[16 (p0 + p) + c] (+ bias) for the first
+// `ncols` columns of the tile.
+template <int R, int P>
+inline void tile(const c10::BFloat16* __restrict x, int64_t ldx, const uint32_t* __restrict panels, int64_t half_k,
+                 const float* __restrict bias, c10::BFloat16* __restrict out, int64_t ldo, int64_t ncols) {
+  F16 acc[R][P];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 3
+    for (int p = 0; p < P; ++p) acc[r][p] = pairs::zeros();
+  }
+  const int64_t panel_stride = half_k * kCols;
+  for (int64_t kp = 0; kp < half_k; ++kp) {
+#if defined(CPU_CAPABILITY_AVX512)
+    __m512i w[P];
+#pragma GCC unroll 3
+    for (int p = 0; p < P; ++p) w[p] = _mm512_loadu_si512(panels + p * panel_stride + kp * kCols);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const uint32_t xr = pairs::pair_at(x + r * ldx + 2 * kp);
+#pragma GCC unroll 3
+      for (int p = 0; p < P; ++p) acc[r][p] = pairs::dot2(acc[r][p], w[p], xr);
+    }
+#else
+    for (int r = 0; r < R; ++r) {
+      const uint32_t xr = pairs::pair_at(x + r * ldx + 2 * kp);
+      for (int p = 0; p < P; ++p) acc[r][p] = pairs::dot2(acc[r][p], panels + p * panel_stride + kp * kCols, xr);
+    }
+#endif
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 3
+    for (int p = 0; p < P; ++p) {
+      const int64_t n = std::min<int64_t>(kCols, ncols - p * kCols);
+      if (n <= 0) continue;
+      F16 v = acc[r][p];
+      if (bias != nullptr) {
+        alignas(64) float padded[kCols] = {};
+        std::memcpy(padded, bias + p * kCols, n * sizeof(float));
+        v = pairs::add16(v, pairs::load16(padded));
+      }
+      store_lanes(out + r * ldo + p * kCols, v, n);
+    }
+  }
+}
+
+template <int P>
+inline void rows_tile(int64_t rows, const c10::BFloat16* x, int64_t ldx, const uint32_t* panels, int64_t half_k,
+                      const float* bias, c10::BFloat16* out, int64_t ldo, int64_t ncols) {
+  switch (rows) {
+    case 8: return tile<8, P>(x, ldx, panels, half_k, bias, out, ldo, ncols);
+    case 7: return tile<7, P>(x, ldx, panels, half_k, bias, out, ldo, ncols);
+    case 6: return tile<6, P>(x, ldx, panels, half_k, bias, out, ldo, ncols);
+    case 5: return tile<5, P>(x, ldx, panels, half_k, bias, out, ldo, ncols);
+    case 4: return tile<4, P>(x, ldx, panels, half_k, bias, out, ldo, ncols);
+    case 3: return tile<3, P>(x, ldx, panels, half_k, bias, out, ldo, ncols);
+    case 2: return tile<2, P>(x, ldx, panels, half_k, bias, out, ldo, ncols);
+    default: return tile<1, P>(x, ldx, panels, half_k, bias, out, ldo, ncols);
+  }
+}
+
+}  // namespace
+
+// Whether this build multiplies with vdpbf16ps (else the kernel runs on the stand-in, for tests only).
+bool linear_bf16_built() {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// weight [N, K] bf16 (K even) -> panels [ceil(N / 16), K / 2, 16, 2] bf16, zero-padded past N.
+at::Tensor pack_linear_bf16(at::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "weight must be a 2-D bf16 tensor");
+  TORCH_CHECK(weight.size(1) % 2 == 0, "the bf16 panels need an even number of input features");
+  const int64_t n = weight.size(0), k = weight.size(1), panels = (n + kCols - 1) / kCols;
+  auto padded = at::zeros({panels * kCols, k}, weight.options());
+  padded.narrow(0, 0, n).copy_(weight);
+  // [P, 16, K/2, 2] -> [P, K/2, 16, 2]
+  return padded.view({panels, kCols, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// x [..., K] bf16 (rows contiguous) times the packed weight: [..., out_features] bf16; bias fp32/bf16 [out].
+at::Tensor linear_bf16(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && panels.scalar_type() == at::kBFloat16, "x and panels must be bf16");
+  TORCH_CHECK(panels.dim() == 4 && panels.size(2) == kCols && panels.size(3) == 2 && panels.is_contiguous(),
+              "panels must come from pack_linear_bf16");
+  const int64_t half_k = panels.size(1), k = 2 * half_k, num_panels = panels.size(0);
+  TORCH_CHECK(x.size(-1) == k, "x has ", x.size(-1), " features, the weight ", k);
+  TORCH_CHECK(out_features > (num_panels - 1) * kCols && out_features <= num_panels * kCols,
+              "out_features disagrees with the panels");
+  auto x2 = x.reshape({-1, k});
+  if (x2.stride(1) != 1 || x2.stride(0) < k) x2 = x2.contiguous();
+  const int64_t rows = x2.size(0), ldx = x2.stride(0);
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == out_features, "bias must have out_features elements");
+    b = bias->to(at::kFloat).contiguous();
+  }
+  auto out_shape = x.sizes().vec();
+  out_shape.back() = out_features;
+  auto out = at::empty({rows, out_features}, x.options());
+  const auto* xp = x2.data_ptr<c10::BFloat16>();
+  const auto* wp = reinterpret_cast<const uint32_t*>(panels.data_ptr<c10::BFloat16>());
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  auto* op = out.data_ptr<c10::BFloat16>();
+  const int64_t groups = (num_panels + kTilePanels - 1) / kTilePanels;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int64_t block = std::min(kRowBlock, rows - r0);
+    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        const int64_t p0 = g * kTilePanels, np = std::min<int64_t>(kTilePanels, num_panels - p0);
+        const int64_t col0 = p0 * kCols, ncols = std::min(np * kCols, out_features - col0);
+        const uint32_t* gp = wp + p0 * half_k * kCols;
+        const float* gb = bp != nullptr ? bp + col0 : nullptr;
+        for (int64_t r = r0; r < r0 + block; r += kTileRows) {
+          const int64_t tile_rows = std::min<int64_t>(kTileRows, r0 + block - r);
+          const c10::BFloat16* xr = xp + r * ldx;
+          c10::BFloat16* orow = op + r * out_features + col0;
+          if (np == 3) {
+            rows_tile<3>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols);
+          } else if (np == 2) {
+            rows_tile<2>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols);
+          } else {
+            rows_tile<1>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols);
+          }
+        }
+      }
+    });
+  }
+  return out.view(out_shape);
+}
