@@ -54,3 +54,40 @@ def test_seeded_rows_use_their_own_generator():
 def test_bad_sampling_values_are_named(bad, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams.from_dict(bad).validate()
+
+
+@pytest.mark.parametrize("processing", [
+    {}, {"repetition_penalty": 1.3}, {"frequency_penalty": 0.5}, {"logit_bias": {"2": 5.0}}, {"min_new_tokens": 3},
+])
+def test_next_tokens_never_writes_into_the_logits_it_is_given(processing):
+    """The scheduler hands it views of the forward's logits (radixrt.scheduler.output._stacked)."""
+    from types import SimpleNamespace
+
+    from radixrt.scheduler.logits import next_tokens
+
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, **processing)
+    reqs = [SimpleNamespace(params=params, prompt_ids=[1, 2], output_ids=[2], grammar=None, generator=None,
+                            return_logprob=logprob, top_logprobs_num=0, pending_output_logprobs=[],
+                            pending_output_top=[]) for logprob in (False, True)]
+    logits = torch.randn(2, 8)
+    before = logits.clone()
+    tokens = next_tokens(reqs, logits, eos_ids={0}, vocab_size=8, grammars=None)
+    assert torch.equal(logits, before) and len(tokens) == 2
+    assert reqs[1].pending_output_logprobs[0][0] == pytest.approx(
+        torch.log_softmax(before[1], -1)[tokens[1]].item())  # logprobs of the raw logits
+
+
+def test_a_decode_steps_rows_are_sampled_without_a_copy():
+    from radixrt.scheduler.output import _stacked
+
+    logits = torch.randn(4, 10)
+    rows = list(logits.split(1))
+    last = [r[-1] for r in rows]
+    view = _stacked(last)
+    assert torch.equal(view, logits) and view.data_ptr() == logits.data_ptr()
+    shuffled = [last[1], last[0], last[2]]  # not back to back: a copy, as torch.stack
+    assert torch.equal(_stacked(shuffled), torch.stack(shuffled))
+    assert _stacked(shuffled).data_ptr() != logits.data_ptr()
+    other = torch.randn(1, 10)
+    mixed = [last[0], other[0]]
+    assert torch.equal(_stacked(mixed), torch.stack(mixed))

@@ -2,7 +2,8 @@
 logprobs.
 
 ``next_tokens`` samples a batch of requests at once (a constrained request closes its match when its budget
-runs out: ``close_within_budget``) and appends output logprobs to each request's pending ones;
+runs out: ``close_within_budget``) and appends output logprobs to each request's pending ones; it never writes
+into the logits it is given (it processes a copy where a request needs processing), so they may be views;
 ``collect_prompt_logprobs`` reads the prompt logprob rows of one prefill chunk. Neither finishes a request:
 an error propagates to the caller, which decides whom it fails.
 """
@@ -29,16 +30,16 @@ def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_
     see ``sample``."""
     params = [r.params for r in reqs]
     raw = logits
-    if any(r.return_logprob for r in reqs):  # logprobs are of the raw logits: penalise and mask a copy
-        logits = logits.clone()
-    apply_penalties(logits, params, [r.prompt_ids for r in reqs], [r.output_ids for r in reqs])
-    apply_logit_bias(logits, params)
     banned = []
     for r in reqs:
         ids: list[int] = []
         if len(r.output_ids) < r.params.min_new_tokens:
             ids = sorted((set() if r.params.ignore_eos else eos_ids) | set(r.params.stop_token_ids or []))
         banned.append(ids)
+    if any(banned) or any(_processed(r) for r in reqs):  # the caller's logits stay as they are (views welcome)
+        logits = logits.clone()
+    apply_penalties(logits, params, [r.prompt_ids for r in reqs], [r.output_ids for r in reqs])
+    apply_logit_bias(logits, params)
     ban_tokens(logits, banned)
     if any(r.grammar is not None for r in reqs):
         grammars.apply_masks(logits, [r.grammar for r in reqs])
@@ -56,6 +57,13 @@ def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_
             if reqs[i].top_logprobs_num:
                 reqs[i].pending_output_top.append(top[j][: reqs[i].top_logprobs_num])
     return token_ids
+
+
+def _processed(req: Req) -> bool:
+    """Whether ``next_tokens`` writes into this request's row (penalties, logit bias, a grammar's mask)."""
+    p = req.params
+    return (req.grammar is not None or bool(p.logit_bias) or p.repetition_penalty != 1.0 or bool(p.frequency_penalty)
+            or bool(p.presence_penalty))
 
 
 def close_within_budget(logits: torch.Tensor, reqs: list[Req]) -> None:

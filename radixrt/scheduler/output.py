@@ -116,7 +116,7 @@ class OutputProcessor:
     def _sample_each(self, reqs: list[Req], rows: list[torch.Tensor]) -> list[int | None]:
         """Sample the batch at once; if that fails, one request at a time, so only the culprits fail."""
         try:
-            return list(self._next_tokens(reqs, torch.stack(rows)))
+            return list(self._next_tokens(reqs, _stacked(rows)))
         except Exception as batch_error:
             logger.warning("sampling a batch of %d failed (%r); sampling its requests one by one", len(reqs),
                            batch_error)
@@ -284,3 +284,18 @@ class OutputProcessor:
             deltas.append(delta)
         if deltas:
             self.sink(BatchTokenOut(deltas))
+
+
+def _stacked(rows: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(rows)``, without the copy where the rows already lie back to back in one tensor (a decode
+    step's logits: one row per request, in order), which at batch 64 saved copying 12 MB a step. next_tokens
+    never writes into its input, so the view is safe."""
+    first = rows[0]
+    if first.dim() == 1 and first.stride(0) == 1:
+        width, size = first.shape[0], first.element_size()
+        base, storage = first.data_ptr(), first.untyped_storage().data_ptr()
+        if all(r.dim() == 1 and r.stride(0) == 1 and r.shape[0] == width and r.untyped_storage().data_ptr() == storage
+               and r.data_ptr() == base + i * width * size for i, r in enumerate(rows)):
+            return first.as_strided((len(rows), width), (width, 1))
+    return torch.stack(rows)
+
