@@ -40,7 +40,7 @@ def engines(default_model_path):
 def prompts(engines):
     engine = engines[0]
     return [chat(engine, f"Repeat this text exactly:\n\n{DOC}"),
-            chat(engine, f"Tool result:\n{TOOL}\n\nList each file with its line count."),
+            chat(engine, f"Tool result:\n{TOOL}\n\nRepeat the tool result exactly."),
             chat(engine, f"Extract the invoice number, seller and buyer as JSON.\n\n{DOC}"),
             "The capital of France is"]
 

@@ -158,3 +158,28 @@ def test_sglang_launch_flags_and_runtime_keywords_reach_the_options():
     args = ServerArgs.from_cli_args(parser.parse_args(flags + ["--speculative-ngram-max-bfs-breadth", "4"]))
     assert (args.speculative_algorithm, args.speculative_num_draft_tokens) == ("NGRAM", 4)
     assert args.speculative_ngram_max_match_window_size == 8
+
+
+def test_each_evidence_class_keeps_its_own_acceptance():
+    """Short matches that keep failing stop drafting while long matches that keep succeeding draft in full,
+    where one rate for both would draft a middling length after either."""
+    from radixrt.scheduler.drafts import ContextIndex
+    from radixrt.scheduler.speculation import SpecState, evidence_class
+
+    assert [evidence_class(n) for n in (1, 2, 3, 4, 5, 7, 8, 12)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    state = SpecState(ContextIndex(1, 12))
+    fresh = state.class_rate(evidence_class(1))
+    assert fresh == state.rate == 0.5  # no counts: every class at the request's (prior) estimate
+    short, long = evidence_class(1), evidence_class(10)
+    for _ in range(6):
+        state.observe(short, agreed=0, rejected=True)
+        state.observe(long, agreed=8, rejected=False)
+    cost = 0.3  # a draft token's cost in a mid-sized batch on a small CPU
+    assert best_length(state.class_rate(short), 8, cost) == 0
+    assert best_length(state.class_rate(long), 8, cost) == 8
+    assert 0 < best_length(state.rate, 8, cost) < 8
+    assert state.best_rate == state.class_rate(long)
+    # an unseen class starts from the overall estimate
+    assert state.class_rate(evidence_class(4)) == pytest.approx(state.rate)
+    state.relax()
+    assert state.class_rate(short) > 0 and state.class_accepted[long] < 8 / (1 - 0.8)

@@ -23,7 +23,12 @@ Pages: a draft's tokens get pages like any others (free pages, then evicting cac
 after verification the pages past the next token's are freed at once (``Memory.trim``).
 
 Adaptation: each request keeps an estimate of how often its drafts' tokens are accepted (decayed counts
-with a prior) and drafts the length that maximises expected tokens per unit of cost. The cost of a draft token
+with a prior), one per class of evidence (how many tokens of the context the match agreed on: 1-2, 3-4, 5-7,
+8 or more), each drawn towards the request's overall estimate until it has counts of its own, and drafts the
+length that maximises expected tokens per unit of cost. As in SuffixDecoding, a long match is better evidence
+than a short one: a one-token match on ``"`` proposes whatever followed some quote, a ten-token match proposes
+what followed this very phrase; so a request drafts long after long matches and stops drafting after short
+ones once they have failed, instead of one rate mixing the two. The cost of a draft token
 comes from the steps themselves (``StepCost``: a decode or verify step's time fitted as ``a + b * tokens``):
 one more token costs ``b`` against a request's share ``(a + b * batch) / batch`` of a decode step, which is
 little at batch 1 (a step reads every weight once whatever it computes) and more in a large batch on a small
@@ -62,15 +67,26 @@ PRIOR_ACCEPTED, PRIOR_REJECTED = 1.0, 1.0  # the acceptance estimate starts at o
 DECAY = 0.8  # weight of earlier verify steps in the estimate
 RELAX = 0.95  # per step without a draft: the estimate's counts shrink towards the prior
 CACHE_RATE = 0.9  # acceptance assumed, at least, for a greedy request's continuation of its exact context
+EVIDENCE_CLASSES = (3, 5, 8)  # matches agreeing on < 3, 3-4, 5-7 and >= 8 tokens keep estimates of their own
+CLASS_PRIOR = 2.0  # weight of the overall estimate in a class's (pseudo-counts)
+
+
+def evidence_class(agreed: int) -> int:
+    """The class of a match that agreed on ``agreed`` tokens of the context (0: the weakest)."""
+    return sum(agreed >= edge for edge in EVIDENCE_CLASSES)
 
 
 @dataclass
 class SpecState:
-    """One request's speculation: its context index, acceptance estimate and counters."""
+    """One request's speculation: its context index, acceptance estimates (overall and per evidence class)
+    and counters."""
 
     index: ContextIndex
     accepted_weight: float = 0.0
     rejected_weight: float = 0.0
+    class_accepted: list[float] = field(default_factory=lambda: [0.0] * (len(EVIDENCE_CLASSES) + 1))
+    class_rejected: list[float] = field(default_factory=lambda: [0.0] * (len(EVIDENCE_CLASSES) + 1))
+    draft_class: int = 0  # the evidence class of the draft being verified
     drafted: int = 0  # draft tokens verified
     accepted: int = 0  # draft tokens that became output
     verify_steps: int = 0
@@ -79,6 +95,28 @@ class SpecState:
     def rate(self) -> float:
         return (self.accepted_weight + PRIOR_ACCEPTED) / (
             self.accepted_weight + self.rejected_weight + PRIOR_ACCEPTED + PRIOR_REJECTED)
+
+    def class_rate(self, cls: int) -> float:
+        """The estimate for drafts of evidence class ``cls``: its own counts, drawn towards :attr:`rate`."""
+        accepted, rejected = self.class_accepted[cls], self.class_rejected[cls]
+        return (accepted + CLASS_PRIOR * self.rate) / (accepted + rejected + CLASS_PRIOR)
+
+    @property
+    def best_rate(self) -> float:
+        return max(self.class_rate(c) for c in range(len(self.class_accepted)))
+
+    def observe(self, cls: int, agreed: int, rejected: bool) -> None:
+        self.accepted_weight = DECAY * self.accepted_weight + agreed
+        self.rejected_weight = DECAY * self.rejected_weight + rejected
+        self.class_accepted[cls] = DECAY * self.class_accepted[cls] + agreed
+        self.class_rejected[cls] = DECAY * self.class_rejected[cls] + rejected
+
+    def relax(self) -> None:
+        """Shrink every count towards the prior (a step in which no draft would pay)."""
+        self.accepted_weight *= RELAX
+        self.rejected_weight *= RELAX
+        self.class_accepted = [w * RELAX for w in self.class_accepted]
+        self.class_rejected = [w * RELAX for w in self.class_rejected]
 
 
 @dataclass(slots=True)
@@ -189,18 +227,19 @@ class Speculator:
             state = req.spec = SpecState(ContextIndex(self.min_window, self.max_window))
         state.index.sync(tokens, len(req.prompt_ids) + req.num_sent)
         limit = min(self.max_draft, room)
-        # Where even the longest n-gram draft would not pay, only the radix cache's continuation is looked for.
-        ngrams_pay = best_length(state.rate, limit, token_cost) > 0
+        # Where even the best class's longest n-gram draft would not pay, only the radix cache's continuation is
+        # looked for.
+        ngrams_pay = best_length(state.best_rate, limit, token_cost) > 0
         match = self._match(req, tokens, limit, ngrams_pay)
         length = 0
         if match is not None:
+            cls = evidence_class(match.length)
             trusted = match.source == "cache" and req.params.greedy  # the same context: the same tokens
-            rate = max(state.rate, CACHE_RATE) if trusted else state.rate
+            rate = max(state.class_rate(cls), CACHE_RATE) if trusted else state.class_rate(cls)
             length = best_length(rate, min(len(match.tokens), limit), token_cost)
         if length == 0:
-            if not ngrams_pay:  # the estimate relaxes towards the prior: drafts are tried again later
-                state.accepted_weight *= RELAX
-                state.rejected_weight *= RELAX
+            if not ngrams_pay:  # the estimates relax towards the prior: drafts are tried again later
+                state.relax()
             return 0
         draft = match.tokens[:length]
         matchers = None
@@ -211,6 +250,7 @@ class Speculator:
             return 0
         req.draft = draft[:length]
         req.draft_matchers = matchers[: length + 1] if matchers is not None else None
+        state.draft_class = cls
         self.sources[match.source] += 1
         return length
 
@@ -249,8 +289,7 @@ class Speculator:
         self.drafted += drafted
         self.accepted += used
         self.verify_steps += 1
-        state.accepted_weight = DECAY * state.accepted_weight + agreed
-        state.rejected_weight = DECAY * state.rejected_weight + (agreed < drafted)
+        state.observe(state.draft_class, agreed, agreed < drafted)
         req.draft, req.draft_matchers = [], None
 
     def step_timed(self, plan: Plan, seconds: float) -> None:
