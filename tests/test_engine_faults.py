@@ -202,3 +202,43 @@ def test_a_script_that_never_calls_shutdown_exits_cleanly(default_model_path, dt
                               text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "done" in proc.stdout
+
+
+def test_the_model_loads_on_the_thread_that_runs_its_forwards(default_model_path, monkeypatch):
+    """OpenMP gives each thread that starts parallel work a pool of its own; a model loaded on the caller's
+    thread and run on the scheduler's made two pools on 2 CPUs, and libgomp then put idle workers to sleep at
+    once (a batch-1 decode step 1.5x slower)."""
+    import threading
+
+    from radixrt.loaded_model import LoadedModel
+    from radixrt.model.runner import ModelRunner
+
+    threads = {}
+    load, forward = LoadedModel.load, ModelRunner.forward
+
+    def recording_load(*args, **kwargs):
+        threads["load"] = threading.current_thread()
+        return load(*args, **kwargs)
+
+    def recording_forward(self, *args, **kwargs):
+        threads["forward"] = threading.current_thread()
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(LoadedModel, "load", staticmethod(recording_load))
+    monkeypatch.setattr(ModelRunner, "forward", recording_forward)
+    with radixrt.Engine(dtype="float32", log_interval=0, kv_memory_gb=0.1) as engine:
+        assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+        assert threads["load"] is threads["forward"] is engine._thread is not threading.current_thread()
+
+
+def test_a_model_that_fails_to_load_raises_in_the_callers_thread(tmp_path):
+    """Loading happens on the scheduler thread; its failure is the constructor's, and no thread is left."""
+    import threading
+
+    from radixrt.model.weights import ModelNotFoundError
+
+    before = set(threading.enumerate())
+    with pytest.raises(ModelNotFoundError, match="neither a folder nor a .gguf file"):
+        radixrt.Engine(model_path=str(tmp_path / "missing"), dtype="float32")
+    time.sleep(0.1)
+    assert not [t for t in threading.enumerate() if t not in before and t.name == "radixrt-scheduler"]
