@@ -13,12 +13,17 @@ from radixrt.device_copy import stage
 from radixrt.sampling.params import SamplingParams
 
 
+def penalised(p: SamplingParams) -> bool:
+    """Whether ``apply_penalties`` changes this request's row."""
+    return p.repetition_penalty != 1.0 or bool(p.frequency_penalty) or bool(p.presence_penalty)
+
+
 def apply_penalties(
     logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]], outputs: list[list[int]]
 ) -> torch.Tensor:
     """Repetition (HF: over prompt and output), frequency and presence (OpenAI: over the output) penalties, in
     place, for all penalised rows at once (their token ids reach the device in one copy)."""
-    rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty]
+    rows = [i for i, p in enumerate(params) if penalised(p)]
     if not rows:
         return logits
     vocab = logits.shape[-1]
@@ -37,8 +42,8 @@ def apply_penalties(
     if repeat:
         mask = torch.zeros(len(rows), vocab + 1, dtype=torch.bool, device=logits.device)
         mask.scatter_(1, t["seen"], True)
-        penalised = torch.where(sub > 0, sub / t["repetition"], sub * t["repetition"])
-        sub = torch.where(mask[:, :vocab], penalised, sub)
+        scaled = torch.where(sub > 0, sub / t["repetition"], sub * t["repetition"])
+        sub = torch.where(mask[:, :vocab], scaled, sub)
     if any(counted):
         counts = torch.zeros(len(rows), vocab + 1, dtype=sub.dtype, device=logits.device)
         counts.scatter_add_(1, t["counted"], torch.ones_like(t["counted"], dtype=sub.dtype))

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixrt.constrained.grammar import CLOSING_HORIZON
-from radixrt.sampling.logits_processor import apply_logit_bias, apply_penalties, ban_tokens, token_logprobs
+from radixrt.sampling.logits_processor import (
+    apply_logit_bias,
+    apply_penalties,
+    ban_tokens,
+    penalised,
+    token_logprobs,
+)
 from radixrt.sampling.sampler import SamplingBatch, sample
 from radixrt.scheduler.request import Req
 
@@ -61,9 +67,7 @@ def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_
 
 def _processed(req: Req) -> bool:
     """Whether ``next_tokens`` writes into this request's row (penalties, logit bias, a grammar's mask)."""
-    p = req.params
-    return (req.grammar is not None or bool(p.logit_bias) or p.repetition_penalty != 1.0 or bool(p.frequency_penalty)
-            or bool(p.presence_penalty))
+    return req.grammar is not None or bool(req.params.logit_bias) or penalised(req.params)
 
 
 def close_within_budget(logits: torch.Tensor, reqs: list[Req]) -> None:

@@ -298,4 +298,3 @@ def _stacked(rows: list[torch.Tensor]) -> torch.Tensor:
                and r.data_ptr() == base + i * width * size for i, r in enumerate(rows)):
             return first.as_strided((len(rows), width), (width, 1))
     return torch.stack(rows)
-
