@@ -91,6 +91,21 @@ def test_bf16_paths_match_the_fp32_reference(portable, head_dim, page_size, wind
     torch.testing.assert_close(lse, reference_lse(q, k, v, table, lens, scale, window), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(3, 1), (5, 1), (7, 1), (8, 2)])  # GQA groups in whole and split tiles
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_bf16_long_contexts_in_every_group_size(heads, kv_heads, head_dim):
+    """Contexts of several spans of keys (the bf16 dot's softmax rescales once a span), ending on and off a span's
+    edge, for query groups that fill the kernel's row tiles and groups that leave a smaller tile."""
+    q, k, v, table, lens = paged_case(6, 520, 16, heads, kv_heads, torch.bfloat16, seed=heads + head_dim,
+                                      head_dim=head_dim)
+    lens[:] = torch.tensor([1, 127, 128, 129, 300, 520], dtype=torch.int32)
+    scale = head_dim**-0.5
+    out, lse = cpu_kernels.paged_decode(q, k, v, table, lens, scale)
+    ref = torch_ref.decode_attention(q.float(), k.float(), v.float(), table, lens, scale)
+    torch.testing.assert_close(out.float(), ref, **BF16_OUT)
+    torch.testing.assert_close(lse, reference_lse(q, k, v, table, lens, scale, 0), atol=1e-4, rtol=1e-4)
+
+
 def test_bf16_dot_is_built_where_the_cpu_has_it(monkeypatch):
     """AVX512-BF16 CPUs get the vdpbf16ps path, unless the build was narrowed (RADIXRT_CPU_VECTORS)."""
     widest = cpu_kernels.vector_levels(" ".join(cpu_kernels.cpu_flags()))[0] == "avx512bf16"

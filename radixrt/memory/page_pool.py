@@ -177,7 +177,8 @@ def available_memory_bytes() -> int:
 def _zeroed_on_first_touch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor in a fresh anonymous map: zero, and backed by memory only where it is written."""
     count = int(np.prod(shape))
-    region = mmap.mmap(-1, max(count * torch.empty((), dtype=dtype).element_size(), 1))
+    region = mmap.mmap(-1, max(count * torch.empty((), dtype=dtype).element_size(), 1),
+                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):  # fewer TLB misses when attention reads pages all over the pool
         region.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(region, dtype=dtype, count=count).view(shape)
