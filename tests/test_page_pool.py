@@ -86,19 +86,3 @@ def test_cpu_pool_is_zero_and_takes_memory_only_where_written(dtype):
         assert not cache[:: max(1, pool.num_pages // 50)].any()
     pool.k_caches[1][3].fill_(1.0)
     assert pool.k_caches[1][3].all() and not pool.k_caches[1][2].any() and not pool.v_caches[1][3].any()
-
-
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/maps"), reason="reads Linux's /proc")
-def test_cpu_pool_lies_in_private_memory_that_may_take_huge_pages():
-    """Attention reads pages all over the pool, so it asks for transparent huge pages; Linux grants them to
-    private anonymous memory, while a shared map gets them only where shmem huge pages are on (off by default)."""
-    layout = KVLayout(num_layers=2, kv_heads=2, head_dim=64, page_size=16, dtype=torch.bfloat16)
-    pool = PagePool(layout, 4096)
-    address = pool.k_caches[0].data_ptr()
-    for line in open("/proc/self/maps"):
-        span, perms = line.split()[:2]
-        low, high = (int(x, 16) for x in span.split("-"))
-        if low <= address < high:
-            assert perms.endswith("p"), line
-            return
-    raise AssertionError("the pool's memory is not in /proc/self/maps")
