@@ -1,0 +1,93 @@
+"""The CPU paged decode kernel on its own: one decode step's attention over every layer's KV pool.
+
+    python -m radixrt.bench.decode_attention_bench [--batch 32] [--min-len 340] [--max-len 700] [--layers 30]
+                                                   [--dtype bfloat16|float32] [--rounds 10]
+
+Builds ``--layers`` separate K/V caches (SmolLM2-135M's 9 query and 3 KV heads of 64, 16-token pages dealt out
+in a shuffled order, as a busy pool deals them), then times a step: ``radixrt::paged_decode`` over each layer's
+cache in turn, so that the pages come from memory as in a forward pass ("cold"), and one layer repeated
+("warm": its pages in cache). Where the bf16 dot product is built, the portable path runs too, alternating.
+Each figure is the best round; GB/s is the K/V bytes read over the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from radixrt.kernels import cpu_kernels
+
+HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 9, 3, 64, 16
+
+
+def _paged_caches(lens: torch.Tensor, layers: int, dtype: torch.dtype, gen: torch.Generator):
+    pages_of = [(int(n) + PAGE_SIZE - 1) // PAGE_SIZE for n in lens]
+    num_pages = sum(pages_of) + 1
+    table = torch.zeros(len(lens), max(pages_of), dtype=torch.int32)
+    order = torch.randperm(num_pages, generator=gen).int()
+    start = 0
+    for b, count in enumerate(pages_of):
+        table[b, :count] = order[start:start + count]
+        start += count
+    shape = (num_pages, PAGE_SIZE, KV_HEADS, HEAD_DIM)
+    caches = [(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
+              for _ in range(layers)]
+    return caches, table
+
+
+def _best(fn, rounds: int) -> float:
+    fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--min-len", type=int, default=340)
+    parser.add_argument("--max-len", type=int, default=700)
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args(argv)
+    if cpu_kernels.load() is None:
+        print("the C++ CPU kernels are not built here")
+        return 1
+    dtype = getattr(torch, args.dtype)
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.randint(args.min_len, args.max_len + 1, (args.batch,), generator=gen, dtype=torch.int32)
+    caches, table = _paged_caches(lens, args.layers, dtype, gen)
+    q = torch.randn(args.batch, HEADS, HEAD_DIM, generator=gen).to(dtype)
+    layer_bytes = int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * dtype.itemsize
+    paths = {"bf16 dot": False, "portable": True} if dtype == torch.bfloat16 and cpu_kernels.bf16_dot_built() \
+        else {"portable": True}
+    print(f"{args.dtype}, batch {args.batch}, {args.min_len}-{args.max_len} keys (mean {float(lens.float().mean()):.0f}),"
+          f" {args.layers} layers, {torch.get_num_threads()} threads")
+    print("| path | step ms (cold) | GB/s cold | one layer ms (warm) | GB/s warm |")
+    print("|---|---:|---:|---:|---:|")
+    rows = {name: [float("inf"), float("inf")] for name in paths}
+    for _ in range(args.rounds):  # paths alternate within a round
+        for name, portable in paths.items():
+            def step(portable=portable) -> None:
+                for k, v in caches:
+                    cpu_kernels.paged_decode(q, k, v, table, lens, HEAD_DIM**-0.5, portable=portable)
+
+            def layer(portable=portable) -> None:
+                cpu_kernels.paged_decode(q, *caches[0], table, lens, HEAD_DIM**-0.5, portable=portable)
+
+            rows[name][0] = min(rows[name][0], _best(step, 1))
+            rows[name][1] = min(rows[name][1], _best(layer, 3))
+    for name, (cold, warm) in rows.items():
+        print(f"| {name} | {cold * 1e3:.2f} | {layer_bytes * args.layers / cold / 1e9:.1f} | {warm * 1e3:.3f} |"
+              f" {layer_bytes / warm / 1e9:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
