@@ -62,15 +62,18 @@ class DecodePlan:
 
 
     def kernel_chunks(self, kv_heads: int) -> cpu_kernels.CascadeChunks:
-        """The groups as the C++ kernel's chunks (made once per forward): a group is cut into chunks small
-        enough to keep every thread busy (about :data:`ITEMS_PER_THREAD` (chunk, kv head) items per thread),
-        each request outside a group is a chunk of its own."""
+        """The groups as the C++ kernel's chunks (made once per forward): where a chunk per group would leave
+        threads idle, a group is cut into chunks small enough to keep every thread busy (about
+        :data:`ITEMS_PER_THREAD` (chunk, kv head) items per thread); each request outside a group is a chunk of
+        its own. Many small groups (a verify step's rows, a request each) stay whole."""
         if self._chunks is None:
             rows, offsets, groups = [], [0], []
             target_items = ITEMS_PER_THREAD * torch.get_num_threads()
+            ungrouped = self.pages.shape[0] - sum(len(shared.rows) for shared in self.groups)
+            enough = (len(self.groups) + ungrouped) * kv_heads >= target_items
             for g, shared in enumerate(self.groups):
                 members = shared.rows.tolist()
-                size = max(1, min(MAX_CHUNK, -(-len(members) * kv_heads // target_items)))
+                size = min(MAX_CHUNK, len(members) if enough else max(1, -(-len(members) * kv_heads // target_items)))
                 for start in range(0, len(members), size):
                     rows.extend(members[start : start + size])
                     offsets.append(len(rows))

@@ -214,6 +214,19 @@ def test_plan_chunks_keep_every_thread_busy(monkeypatch):
     assert (plan.kernel_chunks(kv_heads=2).offsets.diff()).tolist() == [3, 3, 3, 3, 1]  # 12 * 2 / 8 items a thread
 
 
+def test_many_small_groups_stay_whole_chunks(monkeypatch):
+    """A verify step's rows: 8 requests of 3 rows, each request's rows sharing its pages. 8 chunks already keep
+    2 threads busy, so no group is cut (cut into single rows, each row would read its request's pages again)."""
+    page_size, pages_each = 4, 5
+    table = torch.arange(8 * pages_each, dtype=torch.int32).view(8, pages_each).repeat_interleave(3, dim=0)
+    lens = torch.tensor([17, 18, 19] * 8, dtype=torch.int32)
+    plan = torch_cascade.plan_decode(table, lens, page_size)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    chunks = plan.kernel_chunks(kv_heads=3)
+    assert (chunks.offsets[1:] - chunks.offsets[:-1]).tolist() == [3] * 8
+    assert sorted(chunks.groups.tolist()) == list(range(8))
+
+
 def test_bad_cascade_tables_raise():
     members = 4
     q, k, v, table, lens, shared = group_case(members, 2)

@@ -84,6 +84,9 @@ def test_backend_extend_same_with_and_without_the_kernel(monkeypatch):
     from radixrt.model.forward_batch import ForwardBatch, SeqChunk
     from radixrt.model.torch_attention import TorchAttention
 
+    from radixrt.model import torch_attention
+
+    monkeypatch.setattr(torch_attention, "SHORT_EXTEND", 0)  # the extend path, not decode rows
     page_size, d = 4, 64
     backend = TorchAttention(PagePool(KVLayout(1, 3, d, page_size, torch.bfloat16), num_pages=16))
     gen = torch.Generator().manual_seed(2)
@@ -98,3 +101,35 @@ def test_backend_extend_same_with_and_without_the_kernel(monkeypatch):
     batch = ForwardBatch.build(chunks, page_size)  # a fresh plan cache
     plain = backend.attend(q, backend.pool.k_caches[0], backend.pool.v_caches[0], batch, 0.125, 0)
     torch.testing.assert_close(fused.float(), plain.float(), **BF16_OUT)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_short_extends_run_as_decode_rows_with_extend_attention_s_result(dtype):
+    """A verify step's rows (a few new tokens a request, some requests with one) go through the decode kernel, a
+    row per token over its request's keys up to itself; the result is causal extend attention's. A longer
+    extend keeps the extend path."""
+    from radixrt.memory.page_pool import KVLayout, PagePool
+    from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+    from radixrt.model.torch_attention import SHORT_EXTEND, TorchAttention
+
+    page_size, d = 4, 64
+    backend = TorchAttention(PagePool(KVLayout(1, 3, d, page_size, dtype), num_pages=40))
+    gen = torch.Generator().manual_seed(5)
+    for cache in (backend.pool.k_caches[0], backend.pool.v_caches[0]):
+        cache.copy_(torch.randn(cache.shape, generator=gen).to(dtype))
+    # prefixes ending inside a page and on its edge; 1 to 9 new tokens
+    chunks = [SeqChunk(list(range(5)), 7, [1, 2, 3]), SeqChunk([5], 6, [4, 5]),
+              SeqChunk(list(range(9)), 8, [6, 7, 8, 9, 10]), SeqChunk(list(range(3)), 0, [11]),
+              SeqChunk(list(range(2)), 11, [12, 13, 14, 15])]
+    batch = ForwardBatch.build(chunks, page_size)
+    q = torch.randn(batch.positions.numel(), 9, d, generator=gen).to(dtype)
+    out = backend.attend(q, backend.pool.k_caches[0], backend.pool.v_caches[0], batch, 0.125, 0)
+    assert batch.attn_cache["rows"] is not None
+    ref = torch_ref.extend_attention(q.float(), backend.pool.k_caches[0].float(), backend.pool.v_caches[0].float(),
+                                     batch.page_table, batch.prefix_lens, batch.extend_lens, 0.125, 0, {})
+    tolerance = dict(atol=2e-5, rtol=1e-5) if dtype == torch.float32 else BF16_OUT
+    torch.testing.assert_close(out.float(), ref, **tolerance)
+    long = ForwardBatch.build([SeqChunk(list(range(SHORT_EXTEND + 1)), 2, list(range(16, 22)))], page_size)
+    q = torch.randn(SHORT_EXTEND + 1, 9, d, generator=gen).to(dtype)
+    backend.attend(q, backend.pool.k_caches[0], backend.pool.v_caches[0], long, 0.125, 0)
+    assert long.attn_cache["rows"] is None
