@@ -285,3 +285,15 @@ def test_spec_bench_runs_both_ways_with_the_same_tokens(tmp_path, capsys):
     for row in rows.values():  # fp32: speculation changes no token, greedy or seeded sampling
         assert row["same_outputs"] == "1/1" and row["off_tok_s"] > 0 and row["on_tok_s"] > 0
     assert rows["extraction"]["accept_length"] > 1.0  # the invoice's fields are copied from the prompt
+
+
+@pytest.mark.model
+def test_verify_step_bench_times_decode_rows_against_the_extend_kernel(capsys, default_model_path):
+    from radixrt.bench import verify_step_bench
+
+    assert verify_step_bench.main(["--batch", "2", "--context", "20", "--rows", "1,3", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 2, 20 tokens of context each" in out
+    lines = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 3 |"))]
+    assert lines[0].endswith("| - |") and float(lines[0].split(" | ")[1]) > 0
+    assert all(float(cell) > 0 for cell in lines[1].strip("| ").split(" | ")[1:])

@@ -1,0 +1,69 @@
+"""A speculative verify step's forward on the CPU: a few new tokens a request, as decode rows and as an extend.
+
+    python -m radixrt.bench.verify_step_bench [--batch 8] [--context 500] [--rows 1,2,3,4,6,9] [--dtype bfloat16]
+
+Prefills ``--batch`` requests of ``--context`` tokens into the default model's KV pool, then times forwards in
+which every request adds k tokens and wants the logits of each (a verify step of k - 1 draft tokens; k = 1 is
+a plain decode step). Each k runs two ways, alternating: the backend as it is (up to
+``torch_attention.SHORT_EXTEND`` new tokens a request attend as decode rows) and with that path off (the extend
+kernel). Each figure is the median of ``--repeats`` forwards, in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from unittest import mock
+
+from radixrt.model import torch_attention
+from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.model.runner import ModelRunner
+from radixrt.model.weights import resolve_model_path
+
+PAGE_SIZE = 16
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--context", type=int, default=500)
+    parser.add_argument("--rows", default="1,2,3,4,6,9", help="new tokens a request, comma-separated")
+    parser.add_argument("--repeats", type=int, default=8)
+    args = parser.parse_args(argv)
+    rows = [int(k) for k in args.rows.split(",")]
+    pages_each = -(-(args.context + max(rows)) // PAGE_SIZE)
+    runner = ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE,
+                         num_pages=args.batch * pages_each + 1)
+    rng = random.Random(0)
+    tokens = lambda n: [rng.randrange(1000, 20000) for _ in range(n)]  # noqa: E731
+    pages = [list(range(1 + b * pages_each, 1 + (b + 1) * pages_each)) for b in range(args.batch)]
+    runner.forward(ForwardBatch.build([SeqChunk(tokens(args.context), 0, p) for p in pages], PAGE_SIZE))
+
+    def forward_ms(k: int) -> float:
+        batch = ForwardBatch.build([SeqChunk(tokens(k), args.context, p, logits_from=0 if k > 1 else None)
+                                    for p in pages], PAGE_SIZE)
+        start = time.perf_counter()
+        runner.forward(batch)
+        return (time.perf_counter() - start) * 1e3
+
+    print(f"{args.dtype}, batch {args.batch}, {args.context} tokens of context each")
+    print("| new tokens a request | as decode rows, ms | through the extend kernel, ms |")
+    print("|---:|---:|---:|")
+    for k in rows:
+        timed: dict[str, list[float]] = {"rows": [], "extend": []}
+        forward_ms(k)
+        for _ in range(args.repeats):
+            timed["rows"].append(forward_ms(k))
+            with mock.patch.object(torch_attention, "SHORT_EXTEND", 0):
+                timed["extend"].append(forward_ms(k))
+        extend = "-" if k == 1 else f"{statistics.median(timed['extend']):.2f}"  # one token: a decode either way
+        print(f"| {k} | {statistics.median(timed['rows']):.2f} | {extend} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
