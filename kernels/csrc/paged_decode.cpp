@@ -15,7 +15,8 @@
 //   pages are gathered into blocks and walked a span of 8 blocks at a time: one softmax rescale per span and row,
 //   the next span prefetched while this one is computed. A GQA group stays together in one tile of rows (a group
 //   of 3 is one tile of 3), so each key and value is loaded once for the group. Against a walk page by page with
-//   a softmax step per block, a decode step of batch 32 at ~520 keys (30 layers) went from 45 ms to 23 ms;
+//   a softmax step per block, a decode step of batch 32 at 340-700 keys (30 layers) went from 40.5 ms to 20.8
+//   ms (radixrt.bench.decode_attention_bench);
 // - portable (every dtype and CPU): keys and values widened to fp32 as they load, q pre-scaled in fp32, one softmax
 //   step per block, pages prefetched a few ahead (from DRAM the kernel otherwise ran at half its speed from
 //   cache), rows in tiles of up to four.
@@ -217,8 +218,8 @@ constexpr int64_t kSpan = 8;  // blocks whose keys share one softmax rescale (12
 // the accumulators and one pass of exponentials per row, then the weighted values. A per-block softmax spent
 // more on its bookkeeping (maxima, rescales, the serial chain between them) than on the dot products.
 template <int kPairs, int kRows>
-inline void attend_span_bf16(const c10::BFloat16* const* q, float scale, RowState* rows, const Block<c10::BFloat16>* blocks,
-                             int64_t count, int64_t token_stride) {
+inline void attend_span_bf16(const c10::BFloat16* const* q, float scale, RowState* rows,
+                             const Block<c10::BFloat16>* blocks, int64_t count, int64_t token_stride) {
   alignas(64) float s[kSpan][kLanes];
   alignas(64) uint32_t pairs[kRows][kSpan][kLanes / 2];
   float rescale[kRows];
@@ -237,7 +238,8 @@ inline void attend_span_bf16(const c10::BFloat16* const* q, float scale, RowStat
     for (int64_t j = 0; j < count; ++j) {
       const Vec w = (Vec::loadu(s[j]) - Vec(m)).exp_u20();
       sum = sum + w;
-      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[i][j]), _mm512_cvtepi32_epi16(radixrt::detail::bf16_bits(w)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[i][j]),
+                         _mm512_cvtepi32_epi16(radixrt::detail::bf16_bits(w)));
     }
     row.l = row.l * rescale[i] + hsum(sum);
     row.m = m;
