@@ -148,9 +148,10 @@ def test_runner_logits_same_packed_or_not(tmp_path, monkeypatch, kernel, family)
 
 
 # rows: every tile height (1-8), 8 + a tail, 24 + 1, a block of 256 and past it; outputs: one panel, a partial
-# panel, groups of panels ending in 1, 2 or 3 panels (16 columns each)
+# panel, groups of panels ending in 1, 2 or 3 panels (16 columns each), several groups a thread (the next one
+# prefetched at 2-32 rows)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 11, 25, 256, 259])
-@pytest.mark.parametrize("outputs", [16, 37, 64, 80, 96])
+@pytest.mark.parametrize("outputs", [16, 37, 64, 80, 96, 200])
 def test_the_bf16_panels_compute_what_fp32_computes_rounded_once(rows, outputs):
     """On every CPU: with AVX512-BF16 on vdpbf16ps, elsewhere on the instruction's stand-in (bf16_pairs.h)."""
     gen = torch.Generator().manual_seed(rows * outputs)
