@@ -297,3 +297,12 @@ def test_verify_step_bench_times_decode_rows_against_the_extend_kernel(capsys, d
     lines = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 3 |"))]
     assert lines[0].endswith("| - |") and float(lines[0].split(" | ")[1]) > 0
     assert all(float(cell) > 0 for cell in lines[1].strip("| ").split(" | ")[1:])
+
+
+@pytest.mark.parametrize("temperature, seeded", [(0.0, False), (1.0, False), (1.0, True)])
+def test_step_overhead_bench_times_greedy_and_sampled_steps(temperature, seeded):
+    from radixrt.bench.step_overhead import measure
+
+    row = measure(batch=2, steps=3, overlap=False, detokenize=False, temperature=temperature, seeded=seeded)
+    assert row["temperature"] == temperature and row["seeded"] == seeded and row["batch"] == 2
+    assert row["ms_per_step"] > 0 and row["us_per_request"] == pytest.approx(row["ms_per_step"] * 500, rel=0.01)

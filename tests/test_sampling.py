@@ -37,6 +37,54 @@ def test_filters_restrict_the_support():
     assert seen == [{0, 1}, {0, 1}, {0, 1}, {0}]
 
 
+# chi-square critical values at p = 0.001 by degrees of freedom
+CHI2_CRITICAL = {3: 16.27, 5: 20.52, 7: 24.32}
+
+
+def chi2(counts: list[int], p: list[float]) -> float:
+    total = sum(counts)
+    return sum((c - total * q) ** 2 / (total * q) for c, q in zip(counts, p) if q > 0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_tokens_follow_the_softmax_distribution(temperature):
+    """A batch of rows, some unseeded and some seeded, each drawing from softmax(logits / temperature)."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0, 1.5]] * 8)
+    p = torch.softmax(logits[0] / temperature, dim=-1).tolist()
+    generators = [None, torch.Generator().manual_seed(1), None, torch.Generator().manual_seed(2)] * 2
+    batch = SamplingBatch.build([SamplingParams(temperature=temperature)] * 8, 8, generators)
+    counts = [[0] * 8 for _ in range(2)]  # unseeded rows, seeded rows
+    for _ in range(1500):
+        for row, token in enumerate(sample(logits, batch).tolist()):
+            counts[generators[row] is not None][token] += 1
+    for c in counts:
+        assert chi2(c, p) < CHI2_CRITICAL[7], (c, [round(sum(c) * q) for q in p])
+
+
+def test_filtered_distribution_is_renormalised_and_zero_tokens_are_never_drawn():
+    """top-k 4 of 6: the kept tokens in proportion to their probabilities, the dropped ones (the last token
+    among them, where a rounding of the draw could otherwise land) never."""
+    torch.manual_seed(1)
+    logits = torch.log(torch.tensor([[0.3, 0.25, 0.2, 0.15, 0.06, 0.04]] * 16))
+    batch = SamplingBatch.build([SamplingParams(top_k=4)] * 16, 6)
+    counts = [0] * 6
+    for _ in range(1000):
+        for token in sample(logits, batch).tolist():
+            counts[token] += 1
+    assert counts[4] == counts[5] == 0
+    assert chi2(counts[:4], [0.3 / 0.9, 0.25 / 0.9, 0.2 / 0.9, 0.15 / 0.9]) < CHI2_CRITICAL[3]
+
+
+def test_a_draw_at_the_very_top_of_the_cdf_lands_on_a_token_with_probability(monkeypatch):
+    """A uniform just under 1 times the row's total may round up to the total itself (a draw of 1.0 stands for
+    that here): the token found is still one of probability > 0, not the zero-probability last one."""
+    logits = torch.tensor([[0.0, 0.0, float("-inf")]])
+    batch = SamplingBatch.build([SamplingParams(temperature=1.0)], 3)
+    monkeypatch.setattr(torch, "rand", lambda *a, **kw: torch.ones(1, 1, dtype=torch.float64))
+    assert int(sample(logits, batch)[0]) == 1
+
+
 def test_seeded_rows_use_their_own_generator():
     logits = torch.zeros(2, 1000)
     params = [SamplingParams(seed=3), SamplingParams()]

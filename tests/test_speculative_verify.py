@@ -71,10 +71,10 @@ def verifying(memory: Memory, params: SamplingParams, seed: int | None = None, r
 
 
 def sample_alone(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
-    """The sampler's exponential race for one row, as a decode step without a draft runs it."""
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / noise).argmax())
+    """The sampler's inverse CDF for one row, as a decode step without a draft runs it."""
+    cdf = torch.softmax(logits.float() / temperature, dim=-1).double().cumsum(0)
+    u = torch.rand(1, dtype=torch.float64, generator=generator)
+    return int(torch.searchsorted(cdf, u * cdf[-1], right=True))
 
 
 def test_sampled_verification_keeps_the_distribution_and_the_seeds_tokens():

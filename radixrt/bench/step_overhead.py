@@ -1,11 +1,12 @@
 """The scheduler's host time per decode step, without a model: what a GPU step must hide.
 
-    python -m radixrt.bench.step_overhead [--batch 1 64 256] [--steps 200] [--profile]
+    python -m radixrt.bench.step_overhead [--batch 1 64 256] [--steps 200] [--temperature 0] [--seeded] [--profile]
 
 A model-free runner (its forward costs next to nothing: logits pick a token from the inputs) stands in for the
 model, so each step's time is the scheduler's own: planning, pages, the forward batch, sampling, finish checks,
 emitting, and (``--detokenize``) turning ids into text as the Engine does. Reported per batch size, with the
-overlap scheduler off and on. ``--profile`` prints cProfile's top functions of the largest batch.
+overlap scheduler off and on. ``--temperature`` above 0 samples (``--seeded``: each request with its own seed)
+instead of taking the argmax. ``--profile`` prints cProfile's top functions of the largest batch.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class NullRunner:
         return logits
 
 
-def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bool = False) -> dict:
+def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bool = False,
+            temperature: float = 0.0, seeded: bool = False) -> dict:
     from radixrt.bench.sim.world import load_world
     from radixrt.detokenize import Detokenizer
     from radixrt.protocol.messages import GenerateReq
@@ -63,9 +65,10 @@ def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bo
     args = ServerArgs(max_running_requests=batch, chunked_prefill_size=batch * prompt_len, log_interval=0,
                       enable_overlap_schedule=overlap)
     scheduler = Scheduler(args, runner, world.tokenizer, world.eos_ids, sink)
-    params = SamplingParams(max_new_tokens=steps + 2, temperature=0, ignore_eos=True)
     for i in range(batch):
         prompt = [(i * 7919 + j * 31) % 20000 + 300 for j in range(prompt_len)]
+        params = SamplingParams(max_new_tokens=steps + 2, temperature=temperature, ignore_eos=True,
+                                seed=i if seeded else None)
         scheduler.submit(GenerateReq(rid=f"r{i}", input_ids=prompt, params=params))
     while any(r.num_computed < len(r.prompt_ids) for r in scheduler.running) or not scheduler.running:
         scheduler.step()  # prefill
@@ -82,7 +85,7 @@ def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bo
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
         print(text.getvalue())
-    return {"batch": batch, "overlap": overlap, "detokenize": detokenize,
+    return {"batch": batch, "overlap": overlap, "detokenize": detokenize, "temperature": temperature, "seeded": seeded,
             "ms_per_step": round(1000 * seconds / steps, 3), "us_per_request": round(1e6 * seconds / steps / batch, 2)}
 
 
@@ -91,13 +94,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--detokenize", action="store_true", help="also turn ids into text, as the Engine does")
+    parser.add_argument("--temperature", type=float, default=0.0, help="above 0: sample instead of the argmax")
+    parser.add_argument("--seeded", action="store_true", help="with --temperature: a seed for each request")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     for batch in args.batch:
         for overlap in (False, True):
             profile = args.profile and batch == max(args.batch) and overlap
-            print(measure(batch, args.steps, overlap, args.detokenize, profile), flush=True)
+            print(measure(batch, args.steps, overlap, args.detokenize, profile, args.temperature, args.seeded),
+                  flush=True)
 
 
 if __name__ == "__main__":

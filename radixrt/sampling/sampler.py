@@ -2,9 +2,9 @@
 
 Device contract: every tensor ``sample`` uses lives on the logits' device. Build the batch there
 (``SamplingBatch.build(..., device=logits.device)``: its parameters reach the device in one non-blocking copy,
-none when every row is greedy); a batch built elsewhere is moved first. A seeded request's generator should live on that device too: its noise is then drawn in
-place. A generator on another device (a CPU generator next to CUDA logits) still works: that row's noise
-is drawn where the generator is and copied over, one ``[vocab]`` transfer per row and step.
+none when every row is greedy); a batch built elsewhere is moved first. A seeded request's generator should
+live on that device too: its draw is then made in place. A generator on another device (a CPU generator next
+to CUDA logits) still works: that row's draw is made where the generator is and copied over.
 """
 
 from __future__ import annotations
@@ -75,9 +75,12 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, generator_states: dict[in
            ) -> torch.Tensor:
     """Next token per row of ``logits`` ``[B, V]`` (already penalised and masked), on the logits' device.
 
-    A seeded row draws one ``[V]`` vector of noise from its generator, rows in order (one generator may serve
-    several consecutive rows: a speculative verify step's). ``generator_states``, when given, receives each
-    seeded row's generator state after its draw, so a caller that uses fewer rows can rewind the generator to
+    Inverse-CDF sampling: a row's token is where one uniform draw, scaled to the row's total, falls in the
+    cumulative sum (fp64) of its probabilities; a token of probability 0 spans nothing and is never drawn. One
+    number a row: the exponential race it replaced drew ``V`` numbers a row, which on a CPU took about 1 ms a row
+    (30 ms a step at batch 32). A seeded row draws its uniform from its generator, rows in order (one generator
+    may serve several consecutive rows: a speculative verify step's). ``generator_states``, when given, receives
+    each seeded row's generator state after its draw, so a caller that uses fewer rows can rewind the generator to
     where one token per used row leaves it."""
     if batch.all_greedy:
         return logits.argmax(dim=-1)
@@ -85,19 +88,21 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, generator_states: dict[in
     probs = torch.softmax(logits.float() / batch.temperatures, dim=-1)
     if batch.need_top_k or batch.need_top_p or batch.need_min_p:
         probs = _filter(probs, batch)
-    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; each seeded row uses its own generator.
-    noise = torch.empty_like(probs).exponential_()
+    uniforms = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
     for row, generator in enumerate(batch.generators):
         if generator is None:
             continue
-        if _same_device(generator.device, noise.device):
-            noise[row].exponential_(generator=generator)
+        if _same_device(generator.device, uniforms.device):
+            uniforms[row].uniform_(generator=generator)
         else:
-            drawn = torch.empty(noise.shape[1], dtype=noise.dtype, device=generator.device)
-            noise[row].copy_(drawn.exponential_(generator=generator))
+            uniforms[row].copy_(torch.rand(1, dtype=torch.float64, device=generator.device, generator=generator))
         if generator_states is not None:
             generator_states[row] = generator.get_state()
-    sampled = (probs / noise).argmax(dim=-1)
+    cdf = probs.double().cumsum_(dim=-1)
+    total = cdf[:, -1:]
+    # below the total even where u * total rounds up to it, so the token found always has probability > 0
+    point = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
+    sampled = torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)  # NaN rows
     return torch.where(batch.greedy, logits.argmax(dim=-1), sampled)
 
 
