@@ -22,11 +22,29 @@ def default_model_path() -> Path:
     return resolve_model_path(DEFAULT_MODEL)
 
 
-@pytest.fixture(scope="module")
-def server(request, default_model_path):
-    """`radixrt serve` started once for a test module, with that module's `SERVER_ARGS`."""
+@pytest.fixture(scope="session")
+def shared_server(default_model_path):
+    """One `radixrt serve` for every module whose `SERVER_ARGS` are `shared_server.ARGS`."""
+    from shared_server import ARGS
+
     from radixrt.server.server_process import ServerProcess
 
+    srv = ServerProcess(ARGS).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server(request, default_model_path):
+    """`radixrt serve` started once for a test module, with that module's `SERVER_ARGS` (the session's shared
+    server where those are `shared_server.ARGS`)."""
+    from shared_server import ARGS
+
+    from radixrt.server.server_process import ServerProcess
+
+    if request.module.SERVER_ARGS == ARGS:
+        yield request.getfixturevalue("shared_server")
+        return
     srv = ServerProcess(request.module.SERVER_ARGS).start()
     yield srv
     srv.stop()

@@ -13,9 +13,11 @@ import pytest
 
 import radixrt
 
+import shared_server
+
 pytestmark = pytest.mark.model
 
-SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.2", "--log-interval", "0"]
+SERVER_ARGS = shared_server.ARGS  # the session's shared server (tests/shared_server.py)
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
 
 # (name, the call's arguments as /generate's body names them, None for a good request or the error's words)

@@ -10,9 +10,11 @@ import pytest
 
 from radixrt.sampling.params import SamplingParams
 
+import shared_server
+
 pytestmark = pytest.mark.model
 
-SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.1", "--log-interval", "0", "--debug-checks"]
+SERVER_ARGS = shared_server.ARGS  # the session's shared server (tests/shared_server.py)
 PROMPT = "The capital of France is"
 MODEL = "smollm2-135m"
 

@@ -16,10 +16,12 @@ import pytest
 
 from radixrt.bench.tool_calls import PROMPTS, TOOLS, answer_problem, ask
 
+import shared_server
+
 pytestmark = pytest.mark.model
 
 HTTP_TIMEOUT = 300
-SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.2", "--log-interval", "0", "--debug-checks"]
+SERVER_ARGS = shared_server.ARGS  # the session's shared server (tests/shared_server.py)
 MODEL = "smollm2-135m"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WEATHER = [{"role": "user", "content": "What's the weather like in Paris right now?"}]

@@ -20,6 +20,8 @@ from radixrt.response import ResponseBuilder
 from radixrt.server.client_wait import ClientGone, gather
 from radixrt.client import Handle, LoopWaker
 
+import shared_server
+
 MAX_NEW = 1500  # far more than the steps the test waits: a request left running would still be decoding
 LONG = {"max_new_tokens": MAX_NEW, "ignore_eos": True, "temperature": 0}
 CASES = {
@@ -76,7 +78,7 @@ def test_disconnect_of_a_busy_request_aborts_it_at_once():
     assert asyncio.run(scenario()) < 0.1
 
 
-SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.1", "--log-interval", "0"]
+SERVER_ARGS = shared_server.ARGS  # the session's shared server (tests/shared_server.py)
 
 
 def send_request(port: int, path: str, body: dict) -> socket.socket:

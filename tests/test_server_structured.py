@@ -12,9 +12,11 @@ import jsonschema
 import openai
 import pytest
 
+import shared_server
+
 pytestmark = pytest.mark.model
 
-SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.15", "--log-interval", "0", "--debug-checks"]
+SERVER_ARGS = shared_server.ARGS  # the session's shared server (tests/shared_server.py)
 MODEL = "smollm2-135m"
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120}},

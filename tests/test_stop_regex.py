@@ -17,7 +17,9 @@ from radixrt.detokenize import TextStream
 from radixrt.frontend.backend.engine import EngineBackend
 from radixrt.sampling.params import SamplingParams
 
-SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.1", "--log-interval", "0"]
+import shared_server
+
+SERVER_ARGS = shared_server.ARGS  # the session's shared server (tests/shared_server.py)
 PROMPT = "Numbers: 1, 2, 3, 4, 5, 6, 7, 8"
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
 
