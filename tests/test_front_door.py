@@ -10,10 +10,9 @@ Python does are the server's own decoding, tested in tests/test_server_errors.py
 from __future__ import annotations
 
 import pytest
+import shared_server
 
 import radixrt
-
-import shared_server
 
 pytestmark = pytest.mark.model
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import openai
 import pytest
+import shared_server
 
 from radixrt.sampling.params import SamplingParams
-
-import shared_server
 
 pytestmark = pytest.mark.model
 

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import openai
 import pytest
+import shared_server
 
 from radixrt.bench.tool_calls import PROMPTS, TOOLS, answer_problem, ask
-
-import shared_server
 
 pytestmark = pytest.mark.model
 

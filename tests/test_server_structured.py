@@ -11,7 +11,6 @@ import re
 import jsonschema
 import openai
 import pytest
-
 import shared_server
 
 pytestmark = pytest.mark.model
