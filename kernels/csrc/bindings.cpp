@@ -1,5 +1,5 @@
 // The Python module of the CPU kernels: one binding per op defined in the other sources.
-#include <torch/extension.h>
+#include <torch/python.h>  // pybind11 and its tensor casters, without the C++ frontend (a third of the parse)
 
 #include <vector>
 

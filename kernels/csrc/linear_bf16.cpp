@@ -13,8 +13,8 @@
 //
 // Without AVX512-BF16 the same loops run on bf16_pairs.h's stand-in for the instruction (the tests' path on
 // other CPUs); the runtime takes this kernel only where the instruction exists (linear_bf16_built()).
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
 
 #include <cstring>
 

@@ -7,8 +7,8 @@
 // rows of x and then from cache, so decode-sized products (1-64 rows) stream the weights once, overlapping
 // the arithmetic; the block of x stays in L2 while the panels pass. On the AVX2-only CPUs this ran 15-40%
 // faster than oneDNN's prepacked fp32 kernel at every row count from 1 to 2048 (docs/BENCHMARKS.md).
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>

@@ -21,7 +21,7 @@
 //   step per block, pages prefetched a few ahead (from DRAM the kernel otherwise ran at half its speed from
 //   cache), rows in tiles of up to four.
 // Layout as in torch_ref.py: caches are [num_pages, page_size, kv_heads, head_dim].
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -518,8 +518,8 @@ void check_tables(const int32_t* table, const int32_t* lens, int64_t batch, int6
   }
 }
 
-torch::Tensor int32_contiguous(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == torch::kInt32, name, " must be int32");
+at::Tensor int32_contiguous(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kInt, name, " must be int32");
   return t.contiguous();
 }
 
@@ -541,13 +541,13 @@ bool bf16_dot_built() {
 // shared_table [G, SW] (with shared_pages [G] full pages) its requests all begin with, or -1. Then page_table
 // and seq_lens describe each request's keys after its shared pages.
 // portable: the fp32 path even where the bf16 dot would run (tests compare the two).
-std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                        torch::Tensor page_table, torch::Tensor seq_lens, double scale,
-                                        int64_t window, c10::optional<torch::Tensor> chunk_rows,
-                                        c10::optional<torch::Tensor> chunk_offsets,
-                                        c10::optional<torch::Tensor> chunk_group,
-                                        c10::optional<torch::Tensor> shared_table,
-                                        c10::optional<torch::Tensor> shared_pages, bool portable) {
+std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                        at::Tensor page_table, at::Tensor seq_lens, double scale,
+                                        int64_t window, c10::optional<at::Tensor> chunk_rows,
+                                        c10::optional<at::Tensor> chunk_offsets,
+                                        c10::optional<at::Tensor> chunk_group,
+                                        c10::optional<at::Tensor> shared_table,
+                                        c10::optional<at::Tensor> shared_pages, bool portable) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q must be [B, H, D] and the caches [P, S, KH, D]");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
               "q and the caches must share a dtype");
@@ -566,7 +566,7 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, 
                     shared_table.has_value() + shared_pages.has_value();
   TORCH_CHECK(given == 0 || given == 5, "the cascade needs all of chunk_rows, chunk_offsets, chunk_group, "
               "shared_table and shared_pages");
-  torch::Tensor rows, offsets, groups, shared, shared_count;
+  at::Tensor rows, offsets, groups, shared, shared_count;
   int64_t num_chunks = 0, max_chunk = 0;
   if (given == 5) {
     TORCH_CHECK(window == 0, "the cascade has no sliding window");
@@ -601,8 +601,8 @@ std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, 
       }
     }
   }
-  auto out = torch::empty_like(q);
-  auto lse = torch::empty({batch, heads}, q.options().dtype(torch::kFloat32));
+  auto out = at::empty_like(q);
+  auto lse = at::empty({batch, heads}, q.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     Args<scalar_t> args{q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
                         page_table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(),

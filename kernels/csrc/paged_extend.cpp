@@ -13,7 +13,7 @@
 // vdpbf16ps on CPUs with AVX512-BF16, two FMAs on other AVX-512 CPUs, scalar code elsewhere (for the tests of
 // every CPU; on those CPUs the runtime keeps torch's attention). The softmax is fp32, its weights rounded to bf16
 // before they meet the values, as torch's bf16 flash attention rounds them.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -265,8 +265,8 @@ bool paged_extend_vectorized() {
 // q [T, H, D] bf16 (each head contiguous, tokens may be strided): the new tokens of every request back to
 // back; caches [P, S, KH, D] bf16; page_table [B, W] int32; prefix_lens, extend_lens [B] (the new tokens'
 // K/V already stored). Returns out [T, H, D]. window > 0 keeps only the last `window` keys of each query.
-torch::Tensor paged_extend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor page_table,
-                           torch::Tensor prefix_lens, torch::Tensor extend_lens, double scale, int64_t window) {
+at::Tensor paged_extend(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor page_table,
+                           at::Tensor prefix_lens, at::Tensor extend_lens, double scale, int64_t window) {
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
                   v_cache.scalar_type() == at::kBFloat16, "paged_extend takes bf16 q and caches");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2), "q must be [T, H, D], heads contiguous");
@@ -303,7 +303,7 @@ torch::Tensor paged_extend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   }
   TORCH_CHECK(total == q.size(0), "q must hold every request's new tokens");
   balance(items, prefix.data_ptr<int64_t>(), window);
-  auto out = torch::empty({total, heads, head_dim}, q.options());
+  auto out = at::empty({total, heads, head_dim}, q.options());
   const Args args{reinterpret_cast<const bf16*>(q.data_ptr()), reinterpret_cast<const bf16*>(k_cache.data_ptr()),
                   reinterpret_cast<const bf16*>(v_cache.data_ptr()), page_table.data_ptr<int32_t>(),
                   prefix.data_ptr<int64_t>(), q_start.data(),
