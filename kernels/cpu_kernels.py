@@ -178,7 +178,7 @@ def load() -> ModuleType | None:
 
 
 def _announce_first_build(name: str) -> None:
-    """The first build takes about a minute: say so, and where it is cached, rather than sit silent."""
+    """The first build takes most of a minute: say so, and where it is cached, rather than sit silent."""
     try:
         from torch.utils.cpp_extension import _get_build_directory
 
@@ -186,7 +186,7 @@ def _announce_first_build(name: str) -> None:
     except Exception:  # a private torch helper: without it, just build
         return
     if not (folder / f"{name}.so").exists():
-        print(f"radixrt: compiling the C++ CPU kernels once (about a minute), cached in {folder}", file=sys.stderr,
+        print(f"radixrt: compiling the C++ CPU kernels once (under a minute), cached in {folder}", file=sys.stderr,
               flush=True)
 
 
