@@ -3,16 +3,14 @@
 
 #include <vector>
 
-std::vector<torch::Tensor> paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                        torch::Tensor page_table, torch::Tensor seq_lens, double scale,
-                                        int64_t window, c10::optional<torch::Tensor> chunk_rows,
-                                        c10::optional<torch::Tensor> chunk_offsets,
-                                        c10::optional<torch::Tensor> chunk_group,
-                                        c10::optional<torch::Tensor> shared_table,
-                                        c10::optional<torch::Tensor> shared_pages, bool portable);
+std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor page_table,
+                                     at::Tensor seq_lens, double scale, int64_t window,
+                                     c10::optional<at::Tensor> chunk_rows, c10::optional<at::Tensor> chunk_offsets,
+                                     c10::optional<at::Tensor> chunk_group, c10::optional<at::Tensor> shared_table,
+                                     c10::optional<at::Tensor> shared_pages, bool portable);
 bool bf16_dot_built();
-torch::Tensor paged_extend(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor page_table,
-                           torch::Tensor prefix_lens, torch::Tensor extend_lens, double scale, int64_t window);
+at::Tensor paged_extend(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor page_table,
+                        at::Tensor prefix_lens, at::Tensor extend_lens, double scale, int64_t window);
 bool paged_extend_vectorized();
 at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps);
 at::Tensor silu_and_mul(at::Tensor gate_up);

@@ -30,7 +30,8 @@ constexpr int kTileRows = 8;        // rows of x in a tile
 constexpr int kTilePanels = 3;      // panels in a tile
 constexpr int64_t kRowBlock = 256;  // rows of x a block of work keeps in L2 while the panels pass
 // From 2 to 32 rows the next panels are prefetched: one row streams at the memory's pace without help, and past
-// 32 rows the product is bound by arithmetic (radixrt.bench.linear_bench: 2-16 rows 5-15% faster, 1 and 48-64 level).
+// 32 rows the product is bound by arithmetic (old and new builds alternating: 2-16 rows 5-15% faster, 1 and
+// 48-64 level).
 constexpr int64_t kPrefetchMinRows = 2, kPrefetchMaxRows = 32;
 
 // fp32 lanes rounded to bf16 (nearest even, NaN kept) into n <= 16 outputs

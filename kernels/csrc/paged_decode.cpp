@@ -541,13 +541,11 @@ bool bf16_dot_built() {
 // shared_table [G, SW] (with shared_pages [G] full pages) its requests all begin with, or -1. Then page_table
 // and seq_lens describe each request's keys after its shared pages.
 // portable: the fp32 path even where the bf16 dot would run (tests compare the two).
-std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                        at::Tensor page_table, at::Tensor seq_lens, double scale,
-                                        int64_t window, c10::optional<at::Tensor> chunk_rows,
-                                        c10::optional<at::Tensor> chunk_offsets,
-                                        c10::optional<at::Tensor> chunk_group,
-                                        c10::optional<at::Tensor> shared_table,
-                                        c10::optional<at::Tensor> shared_pages, bool portable) {
+std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor page_table,
+                                     at::Tensor seq_lens, double scale, int64_t window,
+                                     c10::optional<at::Tensor> chunk_rows, c10::optional<at::Tensor> chunk_offsets,
+                                     c10::optional<at::Tensor> chunk_group, c10::optional<at::Tensor> shared_table,
+                                     c10::optional<at::Tensor> shared_pages, bool portable) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q must be [B, H, D] and the caches [P, S, KH, D]");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
               "q and the caches must share a dtype");

@@ -266,7 +266,7 @@ bool paged_extend_vectorized() {
 // back; caches [P, S, KH, D] bf16; page_table [B, W] int32; prefix_lens, extend_lens [B] (the new tokens'
 // K/V already stored). Returns out [T, H, D]. window > 0 keeps only the last `window` keys of each query.
 at::Tensor paged_extend(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor page_table,
-                           at::Tensor prefix_lens, at::Tensor extend_lens, double scale, int64_t window) {
+                        at::Tensor prefix_lens, at::Tensor extend_lens, double scale, int64_t window) {
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
                   v_cache.scalar_type() == at::kBFloat16, "paged_extend takes bf16 q and caches");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2), "q must be [T, H, D], heads contiguous");
