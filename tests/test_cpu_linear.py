@@ -147,9 +147,9 @@ def test_runner_logits_same_packed_or_not(tmp_path, monkeypatch, kernel, family)
     )
 
 
-# rows: every tile height (1-8), 8 + a tail, 24 + 1, a block of 256 and past it; outputs: one panel, a partial
-# panel, groups of panels ending in 1, 2 or 3 panels (16 columns each), several groups a thread (the next one
-# prefetched at 2-32 rows)
+# rows: every tile height (1-8), balanced tiles (11 as 6 + 5, 25 as 7 + 6 + 6 + 6), a block of 256 and past it;
+# outputs: one panel, a partial panel, groups of panels ending in 1, 2 or 3 panels (16 columns each), several
+# groups a thread (the next one prefetched at 2-32 rows)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 11, 25, 256, 259])
 @pytest.mark.parametrize("outputs", [16, 37, 64, 80, 96, 200])
 def test_the_bf16_panels_compute_what_fp32_computes_rounded_once(rows, outputs):
@@ -166,6 +166,22 @@ def test_the_bf16_panels_compute_what_fp32_computes_rounded_once(rows, outputs):
         assert out.dtype == torch.bfloat16 and out.shape == (rows, outputs)
         # one rounding of an fp32 sum of exact products: within a bf16 ulp of the exact result (2**-8 relative)
         torch.testing.assert_close(out.double(), ref, rtol=2**-8, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_gets_the_same_bits_whatever_rows_share_its_product(dtype):
+    """A speculative verify step's rows must be the decode step's rows: a row's output may not depend on the
+    balanced tiles (up to 6 rows fp32, 8 bf16) that the row count splits into."""
+    assert cpu_kernels.linear_panels_usable(), "the panel kernel did not build with AVX2/FMA here"
+    pack, linear = ((cpu_kernels.pack_linear_panels, cpu_kernels.linear_panels) if dtype == torch.float32
+                    else (cpu_kernels.pack_linear_bf16, cpu_kernels.linear_bf16))
+    gen = torch.Generator().manual_seed(7)
+    weight = torch.randn(200, 96, generator=gen).to(dtype)
+    x = torch.randn(40, 96, generator=gen).to(dtype)
+    panels = pack(weight)
+    alone = torch.cat([linear(x[r : r + 1], panels, 200) for r in range(40)])
+    for rows in (2, 6, 7, 8, 9, 10, 13, 17, 23, 40):
+        assert torch.equal(linear(x[:rows], panels, 200), alone[:rows]), rows
 
 
 def test_the_bf16_panels_take_any_leading_shape_a_strided_input_and_refuse_bad_ones():

@@ -1,12 +1,12 @@
 // fp32 linear layers on AVX2/FMA CPUs: y = x W^T (+ b) with W packed once into panels of 16 output columns.
 //
 // Layout: panel p holds W's rows 16p..16p+15 transposed, [K][16] (the last panel zero-padded), so a panel is
-// one contiguous stream. Each thread takes whole panels; for each panel it walks the rows of x in tiles of up
-// to 6, and a tile's 6 x 16 outputs stay in 12 vector registers over all of K (one FMA pair per row and k, the
-// panel's two vectors loaded once per k for all 6 rows). A panel is read from memory once per block of 128
-// rows of x and then from cache, so decode-sized products (1-64 rows) stream the weights once, overlapping
-// the arithmetic; the block of x stays in L2 while the panels pass. On the AVX2-only CPUs this ran 15-40%
-// faster than oneDNN's prepacked fp32 kernel at every row count from 1 to 2048 (docs/BENCHMARKS.md).
+// one contiguous stream. Each thread takes whole panels; for each panel it walks the rows of x in balanced
+// tiles of up to 6, and a tile's 6 x 16 outputs stay in 12 vector registers over all of K (one FMA pair per
+// row and k, the panel's two vectors loaded once per k for all 6 rows). A panel is read from memory once per
+// block of 128 rows of x and then from cache, so decode-sized products (1-64 rows) stream the weights once,
+// overlapping the arithmetic; the block of x stays in L2 while the panels pass. On the AVX2-only CPUs this ran
+// 15-40% faster than oneDNN's prepacked fp32 kernel at every row count from 1 to 2048 (docs/BENCHMARKS.md).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -132,11 +132,12 @@ at::Tensor linear_panels(at::Tensor x, at::Tensor panels, int64_t out_features, 
         const int64_t ncols = std::min(kCols, N - p * kCols);
         const float* panel = W + p * K * kCols;
         const float* pb = b ? b + p * kCols : nullptr;
-        for (int64_t m = m0; m < m1;) {
-          const int64_t left = m1 - m;
-          const int64_t rows = left >= 6 ? (left == 8 ? 4 : 6) : left;  // 8 rows as 4 + 4, not 6 + 2
+        // the fewest tiles of at most 6 rows, balanced (7 rows as 4 + 3, not 6 + 1): a tile of one row keeps
+        // two FMA chains in flight, and took as long as a tile of four
+        const int64_t block = m1 - m0, tiles = (block + 5) / 6;
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t m = m0 + t * block / tiles, rows = m0 + (t + 1) * block / tiles - m;
           kTiles[rows](X + m * K, K, panel, K, pb, Y + m * N + p * kCols, N, ncols);
-          m += rows;
         }
       }
     });
