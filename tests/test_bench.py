@@ -245,7 +245,7 @@ def test_spec_workloads_are_deterministic_and_carry_the_conversation():
     def chat(messages):
         return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
-    rounds = {"extraction": 1, "random": 1, "agent": 3, "refine": 3}
+    rounds = {"extraction": 1, "extraction-series": 3, "random": 1, "agent": 3, "refine": 3}
     for name in WORKLOADS:
         sent.clear()
         outputs = run_workload(name, generate, chat, batch=2, max_new_tokens=5, seed=3)
@@ -255,7 +255,10 @@ def test_spec_workloads_are_deterministic_and_carry_the_conversation():
         assert sent == first  # the same prompts for the same seed
         assert len(sent) == rounds[name] and len(outputs) == 2 * rounds[name]
         assert all(len(prompts) == 2 and params["max_new_tokens"] == 5 for prompts, params in sent)
-        if rounds[name] > 1:  # each round resends the conversation with the previous replies
+        if name == "extraction-series":  # a new invoice each round, in a conversation of its own
+            assert len({prompt for prompts, _ in sent for prompt in prompts}) == 6
+            assert not any("reply" in prompt for prompts, _ in sent for prompt in prompts)
+        elif rounds[name] > 1:  # each round resends the conversation with the previous replies
             assert sent[0][0][0] in sent[1][0][0] and "reply 1" in sent[1][0][0]
     assert sent == first
     with pytest.raises(ValueError, match="unknown workload"):

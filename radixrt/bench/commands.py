@@ -11,7 +11,7 @@ modules for details).
     radixrt bench vllm --vllm-python /tmp/radixrt-peers/venv-vllm/bin/python --workloads a:nocache,b:cache
     radixrt bench tools --num-prompts 50 --tool-choice required
     radixrt bench priority --batch 16 --interactive 6 --interval 1.5
-    radixrt bench spec --workloads extraction,agent,refine,random --batch-sizes 1,8
+    radixrt bench spec --workloads extraction,extraction-series,agent,refine,random --batch-sizes 1,8
 """
 
 from __future__ import annotations

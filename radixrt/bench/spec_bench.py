@@ -1,7 +1,7 @@
 """Speculative decoding on and off over the same workloads (``radixrt.bench.spec_workloads``).
 
-    radixrt bench spec [--workloads extraction,agent,refine,random] [--batch-sizes 1,8] [--max-new-tokens 128]
-                       [--repeats 3] [--dtype auto] [--vllm-python PATH] [--json FILE]
+    radixrt bench spec [--workloads extraction,extraction-series,agent,refine,random] [--batch-sizes 1,8]
+                       [--max-new-tokens 128] [--repeats 3] [--dtype auto] [--vllm-python PATH] [--json FILE]
 
 One Engine started with ``--speculative-algorithm NGRAM``; each run switches speculation on (a fresh
 Speculator: no history) or off, after flushing the radix cache, so every run starts cold and drafts only from

@@ -9,6 +9,9 @@ temperature, seeds) and ``chat(messages) -> prompt text`` (the model's chat temp
 Each workload runs ``batch`` programs side by side, round by round (a round's prompts go in one call):
 
 - ``extraction``: copy the fields of an invoice into JSON (one round; greedy);
+- ``extraction-series``: the same program over three invoices in turn, each a conversation of its own (three
+  rounds; greedy): how an extraction pipeline runs over a set of documents, where a later invoice's JSON can be
+  drafted from what the earlier ones' made (its keys, its layout), text no prompt holds;
 - ``agent``: a tool-using loop: each round returns a tool result (a JSON listing, then records) and asks for a
   report of it, over the conversation so far (three rounds; greedy);
 - ``refine``: self-refinement: write a description from facts, then rewrite it twice, keeping the facts
@@ -25,7 +28,7 @@ import sys
 import time
 from typing import Callable
 
-WORKLOADS = ("extraction", "agent", "refine", "random")
+WORKLOADS = ("extraction", "extraction-series", "agent", "refine", "random")
 Generate = Callable[[list[str], dict], list[tuple[list[int], str]]]
 Chat = Callable[[list[dict]], str]
 
@@ -63,10 +66,12 @@ def run_workload(name: str, generate: Generate, chat: Chat, batch: int, max_new_
     rng = random.Random(f"{name}-{seed}")
     greedy = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
     outputs: list[list[int]] = []
-    if name == "extraction":
-        prompts = [chat([{"role": "user", "content": "Extract the seller, buyer, date, items and account of this "
-                                                     f"invoice as JSON.\n\n{invoice(rng)}"}]) for _ in range(batch)]
-        return [ids for ids, _ in generate(prompts, greedy)]
+    if name in ("extraction", "extraction-series"):
+        for _ in range(3 if name == "extraction-series" else 1):
+            prompts = [chat([{"role": "user", "content": "Extract the seller, buyer, date, items and account of this "
+                                                         f"invoice as JSON.\n\n{invoice(rng)}"}]) for _ in range(batch)]
+            outputs += [ids for ids, _ in generate(prompts, greedy)]
+        return outputs
     if name == "random":
         prompts = [chat([{"role": "user", "content": "Continue this list of words: "
                                                      + " ".join(rng.choice(WORDS) for _ in range(40))}])
