@@ -3,7 +3,7 @@ import torch
 
 from radixrt.sampling.logits_processor import apply_penalties, ban_tokens, token_logprobs
 from radixrt.sampling.params import SamplingParams
-from radixrt.sampling.sampler import SamplingBatch, sample
+from radixrt.sampling.sampler import SamplingBatch, _filter, sample
 
 
 def test_penalties_follow_their_definitions():
@@ -35,6 +35,29 @@ def test_filters_restrict_the_support():
         for row, token in enumerate(sample(logits, batch).tolist()):
             seen[row].add(token)
     assert seen == [{0, 1}, {0, 1}, {0, 1}, {0}]
+
+
+def test_a_row_s_token_does_not_depend_on_the_filters_other_rows_ask_for():
+    """Where another row asks for top_p, a row without it keeps its whole distribution: over a 49k vocabulary the
+    fp32 mass before the last tail tokens rounds past 1.0, and dropping them there changed seeded draws near the
+    top of the CDF with the batch a request was sampled in (speculation samples verify rows apart)."""
+    logits = torch.randn(1, 49152, generator=torch.Generator().manual_seed(0)) * 5
+    alone = SamplingParams(temperature=1.2)
+    sorted_probs = torch.softmax(logits / 1.2, dim=-1).sort(descending=True).values
+    assert (sorted_probs.cumsum(dim=-1) - sorted_probs > 1.0).sum() > 1000  # the case: fp32 mass rounds past 1
+    for other in (SamplingParams(top_p=0.9), SamplingParams(top_k=50), SamplingParams(min_p=0.1)):
+        batch = SamplingBatch.build([alone, other], 49152)
+        probs = torch.softmax(logits.repeat(2, 1) / batch.temperatures, dim=-1)
+        assert torch.equal(_filter(probs, batch)[0], probs[0]), other
+    for draw in (0.999999, 0.9999999, 1.0 - 1e-9):  # draws at the top of the CDF, where the tail tokens lie
+        tokens = []
+        for other in (SamplingParams(temperature=1.2), SamplingParams(top_p=0.9)):
+            batch = SamplingBatch.build([alone, other], 49152)
+            uniform = torch.tensor([[draw], [0.5]], dtype=torch.float64)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(torch, "rand", lambda *args, **kwargs: uniform.clone())
+                tokens.append(int(sample(logits.repeat(2, 1), batch)[0]))
+        assert tokens[0] == tokens[1], draw
 
 
 # chi-square critical values at p = 0.001 by degrees of freedom

@@ -122,9 +122,12 @@ def _filter(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     ranks = torch.arange(probs.shape[-1], device=probs.device).expand_as(sorted_probs)
     drop = ranks >= batch.top_ks[:, None]
     if batch.need_top_p:
-        # Keep the smallest head whose mass reaches top_p (the token that crosses it stays).
+        # Keep the smallest head whose mass reaches top_p (the token that crosses it stays). A row without top_p
+        # drops nothing: in fp32 the mass before a tail token can round past 1.0, and a row's tokens must not
+        # depend on whether another row of its batch asked for top_p.
         before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop |= before > batch.top_ps[:, None]
+        top_ps = batch.top_ps[:, None]
+        drop |= (before > top_ps) & (top_ps < 1.0)
     if batch.need_min_p:
         drop |= sorted_probs < sorted_probs[:, :1] * batch.min_ps[:, None]
     sorted_probs = sorted_probs.masked_fill(drop, 0.0)
