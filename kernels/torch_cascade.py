@@ -17,6 +17,7 @@ shared part).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -119,8 +120,29 @@ def _shared_groups(table: torch.Tensor, limits: torch.Tensor, min_shared_pages: 
     return [(rows, shared) for _, rows, shared in candidates[:MAX_GROUPS]]
 
 
-def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, min_shared_pages: int = 1) -> DecodePlan:
-    """Groups requests by their first page, then finds how many leading pages each group has in common.
+# The bf16 decode kernel's softmax steps: spans of 8 blocks of up to 16 keys, a page's keys in blocks of its own.
+SPAN_BLOCKS, BLOCK_KEYS = 8, 16
+
+
+def shared_alignment(q: torch.Tensor, k_cache: torch.Tensor) -> int:
+    """The multiple of pages a shared prefix is cut to for the decode kernel here: where it walks bf16 in spans
+    (:data:`SPAN_BLOCKS` blocks of up to :data:`BLOCK_KEYS` keys, a page's keys in blocks of their own), the fewest
+    pages that fill whole spans, so that a shared part ends where a span ends and each query row meets the same
+    spans, and so the same rounding, whether its request walks its pages alone or after a prefix it shares with
+    others (a verify row gets a decode row's bits, a request its bits in any batch); elsewhere the kernel takes one
+    softmax step per block and any page ends one: 1."""
+    spans = (q.dtype == k_cache.dtype == torch.bfloat16 and q.shape[-1] in (32, 64, 128) and q.device.type == "cpu"
+             and cpu_kernels.bf16_dot_built())
+    if not spans:
+        return 1
+    blocks_per_page = -(-k_cache.shape[1] // BLOCK_KEYS)
+    return SPAN_BLOCKS // math.gcd(SPAN_BLOCKS, blocks_per_page)
+
+
+def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, min_shared_pages: int = 1,
+                align_pages: int = 1) -> DecodePlan:
+    """Groups requests by their first page, then finds how many leading pages each group has in common, cut to a
+    multiple of ``align_pages`` (:func:`shared_alignment`).
 
     Only full pages before a request's last page are shared, so its current token always lies in its own
     part.
@@ -130,7 +152,8 @@ def plan_decode(page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
     num_pages = (lens + page_size - 1) // page_size
     shift = torch.zeros_like(lens)
     groups = []
-    for rows, shared in _shared_groups(table, num_pages - 1, min_shared_pages):
+    for rows, shared in _shared_groups(table, num_pages - 1, max(min_shared_pages, align_pages)):
+        shared -= shared % align_pages
         shift[rows] = shared
         groups.append(SharedGroup(rows=rows, pages=table[rows[0], :shared].clone()))
     own_pages = num_pages - shift

@@ -133,3 +133,37 @@ def test_short_extends_run_as_decode_rows_with_extend_attention_s_result(dtype):
     q = torch.randn(SHORT_EXTEND + 1, 9, d, generator=gen).to(dtype)
     backend.attend(q, backend.pool.k_caches[0], backend.pool.v_caches[0], long, 0.125, 0)
     assert long.attn_cache["rows"] is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_mixed_batch_s_short_extends_get_the_bits_they_get_without_the_prefill(dtype):
+    """A prefill chunk beside a verify step and a decode: the verify and decode rows go through the decode kernel
+    as they do in a batch of their own, so they get the same bits (a verify step's tokens do not depend on
+    whether a prompt was being prefilled at the time); the prefill gets extend attention's result."""
+    from radixrt.memory.page_pool import KVLayout, PagePool
+    from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+    from radixrt.model.torch_attention import SHORT_EXTEND, TorchAttention
+
+    page_size, d = 16, 64
+    backend = TorchAttention(PagePool(KVLayout(1, 3, d, page_size, dtype), num_pages=40))
+    gen = torch.Generator().manual_seed(9)
+    for cache in (backend.pool.k_caches[0], backend.pool.v_caches[0]):
+        cache.copy_(torch.randn(cache.shape, generator=gen).to(dtype))
+    shared = list(range(1, 12))  # the verify step and the decode share 11 pages (not whole spans of the bf16 walk)
+    short = [SeqChunk(list(range(4)), 11 * page_size + 5, shared + [12]), SeqChunk([7], 12 * page_size + 3,
+                                                                                 shared + [13, 14])]
+    prefill = SeqChunk(list(range(SHORT_EXTEND + 20)), 10, [20, 21, 22])
+    alone = ForwardBatch.build(short, page_size)
+    mixed = ForwardBatch.build([short[0], prefill, short[1]], page_size)
+    q_short = torch.randn(5, 9, d, generator=gen).to(dtype)
+    q_prefill = torch.randn(SHORT_EXTEND + 20, 9, d, generator=gen).to(dtype)
+    caches = backend.pool.k_caches[0], backend.pool.v_caches[0]
+    out_alone = backend.attend(q_short, *caches, alone, 0.125, 0)
+    out_mixed = backend.attend(torch.cat([q_short[:4], q_prefill, q_short[4:]]), *caches, mixed, 0.125, 0)
+    assert alone.attn_cache["rows"] is not None and mixed.attn_cache["rows"] is None
+    assert torch.equal(out_mixed[:4], out_alone[:4]) and torch.equal(out_mixed[-1:], out_alone[4:])
+    ref = torch_ref.extend_attention(torch.cat([q_short[:4], q_prefill, q_short[4:]]).float(), caches[0].float(),
+                                     caches[1].float(), mixed.page_table, mixed.prefix_lens, mixed.extend_lens,
+                                     0.125, 0, {})
+    tolerance = dict(atol=2e-5, rtol=1e-5) if dtype == torch.float32 else BF16_OUT
+    torch.testing.assert_close(out_mixed.float(), ref, **tolerance)

@@ -166,3 +166,47 @@ def test_extend_plan_shares_only_pages_wholly_inside_every_cached_prefix():
     assert [g.pages.tolist() for g in plan2.groups] == [[1]]
     # nothing cached: nothing to share
     assert torch_cascade.plan_extend(table2, torch.tensor([0, 0]), torch.tensor([3, 3]), 4).groups == []
+
+
+def test_shared_pages_are_cut_to_whole_spans_of_the_bf16_walk():
+    table = torch.tensor([list(range(1, 12)) + [20, 21], list(range(1, 12)) + [30, 0]], dtype=torch.int32)
+    lens = torch.tensor([12 * 4 + 1, 11 * 4 + 2], dtype=torch.int32)
+    assert [len(g.pages) for g in torch_cascade.plan_decode(table, lens, 4).groups] == [11]
+    assert [len(g.pages) for g in torch_cascade.plan_decode(table, lens, 4, align_pages=8).groups] == [8]
+    short = torch.tensor([[1, 2, 3, 4, 5, 20], [1, 2, 3, 4, 5, 30]], dtype=torch.int32)
+    assert torch_cascade.plan_decode(short, torch.tensor([22, 22]), 4, align_pages=8).groups == []
+    q = torch.zeros(1, 6, 64, dtype=torch.bfloat16)
+    spans = cpu_kernels.bf16_dot_built()
+    for page_size, pages in ((16, 8), (32, 4), (64, 2), (128, 1), (24, 4), (1, 8), (4, 8)):
+        k_cache = torch.zeros(2, page_size, 2, 64, dtype=torch.bfloat16)
+        assert torch_cascade.shared_alignment(q, k_cache) == (pages if spans else 1), page_size
+    assert torch_cascade.shared_alignment(q.float(), torch.zeros(2, 16, 2, 64)) == 1
+    assert torch_cascade.shared_alignment(q[..., :48], torch.zeros(2, 16, 2, 48, dtype=torch.bfloat16)) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [16, 32])
+def test_a_query_row_gets_the_same_bits_alone_or_after_a_shared_prefix(dtype, page_size):
+    """A verify step's rows of one request, and requests with a common prompt, share their leading pages; planned
+    as the runtime plans them, each row's output equals the row attending alone bit for bit, so speculation and
+    the batch a request decodes in change no token (bf16 included: the shared part ends where a span of the bf16
+    walk ends, so every row meets the same softmax steps)."""
+    gen = torch.Generator().manual_seed(page_size)
+    kv_heads, heads, head_dim, shared = 3, 9, 64, 11
+    pages = torch.randperm(40, generator=gen)[:shared + 4].int() + 1
+    prefix = pages[:shared].tolist()
+    rows = [prefix + [int(pages[shared])]] * 4 + [prefix + pages[shared + 1:].tolist()]  # 4 verify rows, 1 other
+    lens = [shared * page_size + 3 + i for i in range(4)] + [(shared + 2) * page_size + 5]
+    width = max(map(len, rows))
+    table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+    lens = torch.tensor(lens, dtype=torch.int32)
+    k_cache = torch.randn(41, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(41, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+    q = torch.randn(len(rows), heads, head_dim, generator=gen).to(dtype)
+    plan = torch_cascade.plan_decode(table, lens, page_size,
+                                     align_pages=torch_cascade.shared_alignment(q, k_cache))
+    assert plan.groups, "the rows share their leading pages"
+    together = torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, SCALE)
+    for r in range(len(rows)):
+        alone = cpu_kernels.paged_decode(q[r : r + 1], k_cache, v_cache, table[r : r + 1], lens[r : r + 1], SCALE)[0]
+        assert torch.equal(together[r], alone[0]), r

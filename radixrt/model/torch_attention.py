@@ -8,10 +8,9 @@ requests is read once), or with a sliding window the C++ paged decode (:mod:`rad
 when it is usable, else :mod:`radixrt.kernels.torch_ref`. An extend batch in bf16 runs the C++ paged extend
 where it is vectorized (AVX-512 builds: pages read in place, 2-3x torch's attention over gathered pages),
 else the cascade extend, or ``torch_ref`` with a sliding window. An extend batch of at most ``SHORT_EXTEND`` new
-tokens a request (a speculative verify step) runs as a decode with a row per token (:class:`DecodeRows`).
-Otherwise a mixed batch with at least ``MIN_DECODE_ROWS_TO_SPLIT`` one-token requests runs those as a decode and
-the rest as an extend. What the page table implies is the same for every
-layer, so plans are derived once per forward and kept in ``batch.attn_cache``.
+tokens a request (a speculative verify step) runs as a decode with a row per token (:class:`DecodeRows`); in a
+mixed batch those requests do, and the rest run as an extend (:class:`MixedSplit`). What the page table implies
+is the same for every layer, so plans are derived once per forward and kept in ``batch.attn_cache``.
 """
 
 from __future__ import annotations
@@ -41,8 +40,9 @@ class TorchAttention(AttentionBackend):
     @staticmethod
     def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, sm_scale: float,
                sliding_window: int) -> torch.Tensor:
-        """Requests of a mixed batch that decode one token take the batched decode path (and its cascade):
-        attending one query per request through the extend loop costs a whole gather and call each."""
+        """Requests of a mixed batch with a few new tokens (a decode, a verify step) take the batched decode path
+        (and its cascade), a row per token: attending one query per request through the extend loop costs a whole
+        gather and call each, and the decode kernel gives a row the same bits whatever shares its batch."""
         if batch.is_decode:
             return _decode(q, k_cache, v_cache, batch.page_table, batch.seq_lens, batch.attn_cache,
                            ("decode", sliding_window), sm_scale, sliding_window)
@@ -55,14 +55,13 @@ class TorchAttention(AttentionBackend):
         split = batch.attn_cache.get("mixed")
         if split is None:
             split = batch.attn_cache["mixed"] = MixedSplit.of(batch)
-        if split.decode_reqs.numel() < MIN_DECODE_ROWS_TO_SPLIT:
+        if split.row_reqs.numel() == 0:
             return _extend(q, k_cache, v_cache, batch.page_table, batch.prefix_lens, batch.extend_lens,
                            batch.attn_cache, ("extend", sliding_window), sm_scale, sliding_window)
         out = torch.empty_like(q)
-        out[split.decode_tokens] = _decode(
-            q[split.decode_tokens], k_cache, v_cache, batch.page_table[split.decode_reqs],
-            batch.seq_lens[split.decode_reqs], batch.attn_cache, ("mixed-decode", sliding_window), sm_scale,
-            sliding_window,
+        out[split.row_tokens] = _decode(
+            q[split.row_tokens], k_cache, v_cache, batch.page_table[split.row_reqs], split.row_seq_lens,
+            batch.attn_cache, ("mixed-decode", sliding_window), sm_scale, sliding_window,
         )
         out[split.extend_tokens] = _extend(
             q[split.extend_tokens], k_cache, v_cache, batch.page_table[split.extend_reqs],
@@ -72,7 +71,6 @@ class TorchAttention(AttentionBackend):
         return out
 
 
-MIN_DECODE_ROWS_TO_SPLIT = 2
 # New tokens per request up to which an extend batch runs as decode rows (a speculative verify step, a short
 # prompt): at batch 8 over 500 keys, 2 rows a request took the extend kernel 0.82 ms a layer, 4x a decode's.
 SHORT_EXTEND = 16
@@ -109,10 +107,14 @@ def _fused_rope_usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cach
 
 @dataclass
 class MixedSplit:
-    """A mixed batch's one-token requests (``decode_*``) and the rest (``extend_*``): request and token rows."""
+    """A mixed batch's requests of at most :data:`SHORT_EXTEND` new tokens (decodes, verify steps) as decode rows,
+    a row per token (``row_*``: the row's request, its token and its length, as :class:`DecodeRows`), and the rest
+    (``extend_*``: request and token rows). A verify step's rows thus meet the decode kernel whether or not a
+    prefill chunk shares their batch, and get the bits a decode step would."""
 
-    decode_reqs: torch.Tensor
-    decode_tokens: torch.Tensor
+    row_reqs: torch.Tensor
+    row_tokens: torch.Tensor
+    row_seq_lens: torch.Tensor
     extend_reqs: torch.Tensor
     extend_tokens: torch.Tensor
 
@@ -120,15 +122,19 @@ class MixedSplit:
     def of(cls, batch: ForwardBatch) -> "MixedSplit":
         lens = batch.extend_lens.long().cpu()
         starts = torch.cumsum(lens, 0) - lens
-        one = lens == 1
-        decode_reqs, extend_reqs = torch.nonzero(one).flatten(), torch.nonzero(~one).flatten()
-        token_is_decode = torch.repeat_interleave(one, lens)
+        short = lens <= SHORT_EXTEND
+        token_is_row = torch.repeat_interleave(short, lens)
+        token_req = torch.repeat_interleave(torch.arange(len(lens)), lens)
+        row_tokens = torch.nonzero(token_is_row).flatten()
+        row_reqs = token_req[row_tokens]
+        row_seq_lens = batch.prefix_lens.long().cpu()[row_reqs] + (row_tokens - starts[row_reqs]) + 1
         device = batch.extend_lens.device
         return cls(
-            decode_reqs=decode_reqs.to(device),
-            decode_tokens=starts[decode_reqs].to(device),
-            extend_reqs=extend_reqs.to(device),
-            extend_tokens=torch.nonzero(~token_is_decode).flatten().to(device),
+            row_reqs=row_reqs.to(device),
+            row_tokens=row_tokens.to(device),
+            row_seq_lens=row_seq_lens.int().to(device),
+            extend_reqs=torch.nonzero(~short).flatten().to(device),
+            extend_tokens=torch.nonzero(~token_is_row).flatten().to(device),
         )
 
 
@@ -139,7 +145,8 @@ def _decode(q, k_cache, v_cache, page_table, seq_lens, cache: dict, key, sm_scal
     page_size = k_cache.shape[1]
     if sliding_window == 0:
         if plan is None:
-            plan = cache[key] = torch_cascade.plan_decode(page_table, seq_lens, page_size)
+            plan = cache[key] = torch_cascade.plan_decode(page_table, seq_lens, page_size,
+                                                          align_pages=torch_cascade.shared_alignment(q, k_cache))
         return torch_cascade.cascade_decode_attention(q, k_cache, v_cache, plan, sm_scale)
     if cpu_kernels.usable_for(q, k_cache):
         return cpu_kernels.paged_decode(q, k_cache, v_cache, page_table, seq_lens, sm_scale, sliding_window)[0]

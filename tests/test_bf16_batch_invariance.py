@@ -1,0 +1,96 @@
+"""In bf16, where radixrt's own CPU kernels run every product (AVX512-BF16 without AMX: the bf16 panel GEMM and the
+bf16 decode kernel), speculation changes no token and no logprob: a verify row gets the bits of the decode row it
+stands for, and a decoding request gets the same bits whichever requests decode beside it (with speculation they
+advance at different rates, so the decode kernel's shared-prefix groups differ from step to step).
+
+Each piece computes a row the same way whatever rows come with it (tests/test_cpu_linear.py,
+tests/test_kernels_cascade.py); here the whole scheduler is held to it: four requests with a common 150-token
+prompt (the decode kernel walks the shared part once for them) and copy-friendly text (drafts are accepted),
+decoded together and one after another, speculation off and on, compared to the last bit of their logprobs. Not
+claimed: a prompt prefilled with part of it cached rounds differently from one prefilled whole, so a request
+alone and the same request in a batch are not compared with each other.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixrt.kernels import cpu_kernels
+from radixrt.model import cpu_linear
+from radixrt.protocol.messages import BatchTokenOut, GenerateReq
+from radixrt.sampling.params import SamplingParams
+from radixrt.server_args import ServerArgs
+
+PAGE = 16
+NEW_TOKENS = 40
+
+pytestmark = pytest.mark.skipif(
+    not (cpu_kernels.linear_bf16_built() and cpu_kernels.bf16_dot_built()
+         and cpu_linear.prefers_bf16_panels(cpu_kernels.cpu_flags())),
+    reason="bf16 products run on oneDNN on this CPU, whose rounding may depend on the row count; the kernels' own "
+           "row invariance is tested on every CPU in test_cpu_linear.py and test_kernels_cascade.py")
+
+
+@pytest.fixture(scope="module")
+def tiny_hd64(tmp_path_factory):
+    """A two-layer llama with head_dim 64 (the bf16 decode kernel's span walk) and GQA 2:1."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    folder = tmp_path_factory.mktemp("llama-hd64")
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.08)
+    model.save_pretrained(folder)
+    return folder
+
+
+def decode(folder, prompts: list[list[int]], together: bool, speculative: bool) -> tuple[list[list], int]:
+    """Greedy tokens of each prompt with their logprobs and top-5 logprobs (all submitted at once, or each after
+    the previous finished), and how many draft tokens were accepted. The logprobs come from the logits' exact
+    bits: a change in rounding shows there even where it flips no token."""
+    from radixrt.model.runner import ModelRunner
+    from radixrt.scheduler.scheduler import Scheduler
+
+    out: dict[str, list] = {}
+
+    def sink(batch: BatchTokenOut) -> None:
+        for delta in batch.deltas:
+            out.setdefault(delta.rid, []).extend(zip(delta.new_ids, delta.output_logprobs or [],
+                                                     delta.output_top_logprobs or [], strict=True))
+
+    runner = ModelRunner(folder, dtype="bfloat16", page_size=PAGE, num_pages=128)
+    args = ServerArgs(log_interval=0, page_size=PAGE, debug_checks=True,
+                      speculative_algorithm="NGRAM" if speculative else None)
+    scheduler = Scheduler(args, runner, None, {0}, sink)
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+
+    def run() -> None:
+        while scheduler.step() or not scheduler.idle:
+            pass
+
+    for i, ids in enumerate(prompts):
+        scheduler.submit(GenerateReq(f"r{i}", ids, params, return_logprob=True, top_logprobs_num=5))
+        if not together:
+            run()
+    run()
+    accepted = scheduler.speculator.accepted if speculative else 0
+    return [out[f"r{i}"] for i in range(len(prompts))], accepted
+
+
+def test_greedy_bf16_tokens_and_logprobs_are_the_same_with_speculation_alone_and_together(tiny_hd64):
+    shared = [1 + (i * 7) % 23 for i in range(150)]  # a repeating pattern: drafts from the context get accepted
+    prompts = [shared + [100 + r, 101 + r, 102 + r] for r in range(4)]
+    assert cpu_linear.choose_kernel(torch.zeros(2, 2, dtype=torch.bfloat16)) == "bf16"
+    plain_together, _ = decode(tiny_hd64, prompts, together=True, speculative=False)
+    spec_together, accepted = decode(tiny_hd64, prompts, together=True, speculative=True)
+    assert accepted > 0, "the drafts must really be verified for the comparison to mean anything"
+    assert spec_together == plain_together
+    plain_alone, _ = decode(tiny_hd64, prompts[:2], together=False, speculative=False)
+    spec_alone, _ = decode(tiny_hd64, prompts[:2], together=False, speculative=True)
+    assert spec_alone == plain_alone
