@@ -265,6 +265,32 @@ def test_spec_workloads_are_deterministic_and_carry_the_conversation():
         run_workload("nope", generate, chat, 1, 1)
 
 
+def test_spec_bench_reads_each_vllm_method_and_prints_its_columns(tmp_path, capsys):
+    """vLLM's side runs off, n-gram and suffix decoding engines alternating; the table takes each method's median
+    speed-up over the paired repeats."""
+    import argparse
+
+    from radixrt.bench import spec_bench
+
+    rows = [dict(workload="agent", batch=1, method=method, repeat=r, seconds=seconds, tokens=100)
+            for r, times in enumerate(((2.0, 1.0, 0.5), (4.0, 1.0, 1.0), (2.0, 2.0, 1.0)))
+            for method, seconds in zip(("off", "ngram", "suffix"), times)]
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho 'RESULT_JSON {json.dumps(rows)}'\n")
+    fake.chmod(0o755)
+    args = argparse.Namespace(dtype="auto", workloads=["agent"], batch_sizes=[1], max_new_tokens=8, repeats=3,
+                              num_draft_tokens=8)
+    vllm = spec_bench.run_vllm(str(fake), "model", args)
+    assert vllm == [dict(workload="agent", batch=1, off_tok_s=50.0, ngram_tok_s=100.0, ngram_speedup=2.0,
+                         suffix_tok_s=100.0, suffix_speedup=4.0)]
+    ours = dict(workload="agent", batch=1, off_tok_s=1.0, on_tok_s=2.0, speedup=2.0, off_decode_tok_s=1.0,
+                on_decode_tok_s=2.0, decode_speedup=2.0, accept_length=3.0, accept_rate=0.5, same_outputs="1/1")
+    spec_bench.print_table([ours], vllm)
+    head, _, line = capsys.readouterr().out.splitlines()
+    assert head.endswith("| vLLM off | vLLM ngram | vLLM ngram x | vLLM suffix | vLLM suffix x |")
+    assert line.endswith("| 50.0 | 100.0 | 2.00 | 100.0 | 4.00 |")
+
+
 @pytest.mark.model
 def test_spec_bench_runs_both_ways_with_the_same_tokens(tmp_path, capsys):
     import argparse

@@ -10,8 +10,10 @@ workload and batch size: output tokens per second end to end and in decode steps
 steps without prefill chunks and the tokens they gave), the on/off ratio (median of the paired repeats), the
 mean acceptance length, and how many outputs were the same tokens with speculation on (in bf16 a verify step
 rounds differently from a decode step, so a near-tie may go the other way; in fp32 they all are).
-``--vllm-python`` then runs the workloads through vLLM with and without its n-gram speculation (prompt lookup),
-on the same CPU, in a process of its own.
+``--vllm-python`` then runs the workloads through vLLM without speculation, with its n-gram speculation (prompt
+lookup) and, where that python has ``arctic_inference``, with its suffix decoding, alternating, on the same CPU,
+in a process of its own (vLLM's suffix trees keep every earlier output of the engine, warm-up and earlier
+repeats included, where radixrt's runs start cold).
 """
 
 from __future__ import annotations
@@ -109,19 +111,22 @@ def run_vllm(python: str, model: str, args: argparse.Namespace) -> list[dict]:
     for name in args.workloads:
         for batch in args.batch_sizes:
             mine = [r for r in rows if (r["workload"], r["batch"]) == (name, batch)]
-            off = [r["tokens"] / r["seconds"] for r in mine if not r["speculative"]]
-            on = [r["tokens"] / r["seconds"] for r in mine if r["speculative"]]
-            table.append(dict(workload=name, batch=batch, off_tok_s=statistics.median(off),
-                              on_tok_s=statistics.median(on),
-                              speedup=statistics.median(b / a for a, b in zip(off, on))))
+            speed = {method: [r["tokens"] / r["seconds"] for r in mine if r["method"] == method]
+                     for method in dict.fromkeys(r["method"] for r in mine)}
+            entry = dict(workload=name, batch=batch, off_tok_s=statistics.median(speed["off"]))
+            for method in speed.keys() - {"off"}:
+                entry[f"{method}_tok_s"] = statistics.median(speed[method])
+                entry[f"{method}_speedup"] = statistics.median(b / a for a, b in zip(speed["off"], speed[method]))
+            table.append(entry)
     return table
 
 
 def print_table(table: list[dict], vllm: list[dict] | None) -> None:
     head = ("| workload | batch | off tok/s | on tok/s | x | decode off | decode on | decode x | accept length "
             "| accepted | same tokens |")
+    methods = [m for m in ("ngram", "suffix") if vllm and f"{m}_tok_s" in vllm[0]]
     if vllm:
-        head += " vLLM off | vLLM ngram | vLLM x |"
+        head += " vLLM off |" + "".join(f" vLLM {m} | vLLM {m} x |" for m in methods)
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for row in table:
@@ -131,7 +136,8 @@ def print_table(table: list[dict], vllm: list[dict] | None) -> None:
                 f"{row['same_outputs']} |")
         if vllm:
             peer = next(v for v in vllm if (v["workload"], v["batch"]) == (row["workload"], row["batch"]))
-            line += f" {peer['off_tok_s']:.1f} | {peer['on_tok_s']:.1f} | {peer['speedup']:.2f} |"
+            line += f" {peer['off_tok_s']:.1f} |" + "".join(
+                f" {peer[f'{m}_tok_s']:.1f} | {peer[f'{m}_speedup']:.2f} |" for m in methods)
         print(line)
 
 

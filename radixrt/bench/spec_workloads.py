@@ -125,23 +125,37 @@ def vllm_calls(model: str, dtype: str, speculative: dict | None) -> tuple[Genera
     return generate, chat
 
 
+def vllm_methods(num_draft_tokens: int) -> dict[str, dict | None]:
+    """vLLM's engines: no speculation, n-gram prompt lookup, and suffix decoding (Arctic Inference's suffix trees
+    over the prompt and every earlier output, with its own adaptive draft length; its defaults) where the
+    ``arctic_inference`` package is installed."""
+    methods: dict[str, dict | None] = {
+        "off": None,
+        "ngram": {"method": "ngram", "num_speculative_tokens": num_draft_tokens, "prompt_lookup_max": 4,
+                  "prompt_lookup_min": 1}}
+    try:
+        import arctic_inference  # noqa: F401
+    except ImportError:
+        return methods
+    methods["suffix"] = {"method": "suffix"}
+    return methods
+
+
 def vllm_main(model: str, args: dict) -> None:
-    """Each workload and batch size with vLLM's n-gram speculation off and on, alternating (one engine each)."""
-    engines = {False: vllm_calls(model, args["dtype"], None),
-               True: vllm_calls(model, args["dtype"], {"method": "ngram", "num_speculative_tokens":
-                                                       args["num_draft_tokens"], "prompt_lookup_max": 4,
-                                                       "prompt_lookup_min": 1})}
+    """Each workload and batch size through each of vLLM's methods, alternating (one engine each)."""
+    engines = {name: vllm_calls(model, args["dtype"], config)
+               for name, config in vllm_methods(args["num_draft_tokens"]).items()}
     rows = []
     for name in args["workloads"]:
         for batch in args["batch_sizes"]:
-            for on in (False, True):  # warm-up
-                run_workload(name, *engines[on], batch, 4)
+            for method in engines:  # warm-up
+                run_workload(name, *engines[method], batch, 4)
             for repeat in range(args["repeats"]):
-                for on in (False, True):
+                for method in engines:
                     started = time.perf_counter()
-                    outs = run_workload(name, *engines[on], batch, args["max_new_tokens"], seed=repeat)
+                    outs = run_workload(name, *engines[method], batch, args["max_new_tokens"], seed=repeat)
                     seconds = time.perf_counter() - started
-                    rows.append(dict(workload=name, batch=batch, speculative=on, repeat=repeat, seconds=seconds,
+                    rows.append(dict(workload=name, batch=batch, method=method, repeat=repeat, seconds=seconds,
                                      tokens=sum(len(o) for o in outs)))
     print("RESULT_JSON " + json.dumps(rows), flush=True)
 
