@@ -87,15 +87,21 @@ class DecodeRows:
 
     @classmethod
     def of(cls, batch: ForwardBatch) -> "DecodeRows | None":
-        lens = batch.extend_lens.long().cpu()
-        if int(lens.max()) > SHORT_EXTEND:
+        if int(batch.extend_lens.max()) > SHORT_EXTEND:
             return None
-        reqs = torch.repeat_interleave(torch.arange(len(lens)), lens)
-        first = torch.cumsum(lens, 0) - lens
-        position = torch.arange(int(lens.sum())) - first[reqs]
-        seq_lens = batch.prefix_lens.long().cpu()[reqs] + position + 1
+        reqs, seq_lens = token_rows(batch)
         device = batch.page_table.device
         return cls(page_table=batch.page_table[reqs.to(device)], seq_lens=seq_lens.int().to(device))
+
+
+def token_rows(batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every new token of an extend batch (on the host, int64): its request, and its length as a decode row
+    (token i of a request attends to ``prefix + i + 1`` keys)."""
+    lens = batch.extend_lens.long().cpu()
+    reqs = torch.repeat_interleave(torch.arange(len(lens)), lens)
+    first = torch.cumsum(lens, 0) - lens
+    position = torch.arange(int(lens.sum())) - first[reqs]
+    return reqs, batch.prefix_lens.long().cpu()[reqs] + position + 1
 
 
 def _fused_rope_usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -120,19 +126,15 @@ class MixedSplit:
 
     @classmethod
     def of(cls, batch: ForwardBatch) -> "MixedSplit":
-        lens = batch.extend_lens.long().cpu()
-        starts = torch.cumsum(lens, 0) - lens
-        short = lens <= SHORT_EXTEND
-        token_is_row = torch.repeat_interleave(short, lens)
-        token_req = torch.repeat_interleave(torch.arange(len(lens)), lens)
+        short = batch.extend_lens.long().cpu() <= SHORT_EXTEND
+        token_req, token_len = token_rows(batch)
+        token_is_row = short[token_req]
         row_tokens = torch.nonzero(token_is_row).flatten()
-        row_reqs = token_req[row_tokens]
-        row_seq_lens = batch.prefix_lens.long().cpu()[row_reqs] + (row_tokens - starts[row_reqs]) + 1
         device = batch.extend_lens.device
         return cls(
-            row_reqs=row_reqs.to(device),
+            row_reqs=token_req[row_tokens].to(device),
             row_tokens=row_tokens.to(device),
-            row_seq_lens=row_seq_lens.int().to(device),
+            row_seq_lens=token_len[row_tokens].int().to(device),
             extend_reqs=torch.nonzero(~short).flatten().to(device),
             extend_tokens=torch.nonzero(~token_is_row).flatten().to(device),
         )
