@@ -279,7 +279,7 @@ def test_spec_bench_reads_each_vllm_method_and_prints_its_columns(tmp_path, caps
     fake.write_text(f"#!/bin/sh\necho 'RESULT_JSON {json.dumps(rows)}'\n")
     fake.chmod(0o755)
     args = argparse.Namespace(dtype="auto", workloads=["agent"], batch_sizes=[1], max_new_tokens=8, repeats=3,
-                              num_draft_tokens=8)
+                              num_draft_tokens=8, history="cold")
     vllm = spec_bench.run_vllm(str(fake), "model", args)
     assert vllm == [dict(workload="agent", batch=1, off_tok_s=50.0, ngram_tok_s=100.0, ngram_speedup=2.0,
                          suffix_tok_s=100.0, suffix_speedup=4.0)]
@@ -314,6 +314,36 @@ def test_spec_bench_runs_both_ways_with_the_same_tokens(tmp_path, capsys):
     for row in rows.values():  # fp32: speculation changes no token, greedy or seeded sampling
         assert row["same_outputs"] == "1/1" and row["off_tok_s"] > 0 and row["on_tok_s"] > 0
     assert rows["extraction"]["accept_length"] > 1.0  # the invoice's fields are copied from the prompt
+
+
+@pytest.mark.model
+def test_spec_bench_warm_history_keeps_one_speculator_across_the_warm_up_and_the_repeats(capsys):
+    """--history warm: the runs of a workload and batch size with speculation share one Speculator, whose history
+    already holds the full-length warm-up (other documents) when the first measured run starts."""
+    import argparse
+    from unittest import mock
+
+    from radixrt.bench import spec_bench
+
+    parser = argparse.ArgumentParser()
+    spec_bench.add_arguments(parser)
+    args = parser.parse_args(["--workloads", "extraction", "--batch-sizes", "1", "--max-new-tokens", "12",
+                              "--repeats", "2", "--dtype", "float32", "--history", "warm"])
+    calls = []
+    real = spec_bench.measure
+
+    def spy(engine, name, batch, max_new_tokens, on, seed, speculator=None):
+        history = speculator.history.num_tokens if speculator is not None else None
+        calls.append((max_new_tokens, on, seed, speculator, history))
+        return real(engine, name, batch, max_new_tokens, on, seed, speculator)
+
+    with mock.patch.object(spec_bench, "measure", spy):
+        assert spec_bench.run(args) == 0
+    on = [c for c in calls if c[1]]
+    assert [(c[0], c[2]) for c in on] == [(12, -1), (12, 0), (12, 1)]  # the warm-up at full length
+    assert len({id(c[3]) for c in on}) == 1 and on[0][3] is not None
+    assert on[0][4] == 0 and 0 < on[1][4] < on[2][4]  # each run drafts from what the earlier ones wrote
+    assert "| extraction | 1 |" in capsys.readouterr().out
 
 
 @pytest.mark.model

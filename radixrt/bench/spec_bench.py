@@ -1,11 +1,16 @@
 """Speculative decoding on and off over the same workloads (``radixrt.bench.spec_workloads``).
 
     radixrt bench spec [--workloads extraction,extraction-series,agent,refine,random] [--batch-sizes 1,8]
-                       [--max-new-tokens 128] [--repeats 3] [--dtype auto] [--vllm-python PATH] [--json FILE]
+                       [--max-new-tokens 128] [--repeats 3] [--history cold|warm] [--dtype auto]
+                       [--vllm-python PATH] [--json FILE]
 
-One Engine started with ``--speculative-algorithm NGRAM``; each run switches speculation on (a fresh
-Speculator: no history) or off, after flushing the radix cache, so every run starts cold and drafts only from
-what it wrote itself. Runs alternate off/on, repeat by repeat, so the machine's drift hits both alike. Per
+One Engine started with ``--speculative-algorithm NGRAM``; each run switches speculation on or off after
+flushing the radix cache. ``--history cold`` (the default): each run with speculation gets a fresh Speculator,
+so it drafts only from what it wrote itself, as the first requests of their kind on a new server do.
+``--history warm``: one Speculator per workload and batch size is kept across the warm-up (run at full length,
+over documents of its own) and the repeats (each over other documents), so a run also drafts from what earlier
+runs wrote, as a server in steady state does and as vLLM's suffix decoding always does. Runs alternate off/on,
+repeat by repeat, so the machine's drift hits both alike. Per
 workload and batch size: output tokens per second end to end and in decode steps (the scheduler's time in
 steps without prefill chunks and the tokens they gave), the on/off ratio (median of the paired repeats), the
 mean acceptance length, and how many outputs were the same tokens with speculation on (in bf16 a verify step
@@ -13,7 +18,7 @@ rounds differently from a decode step, so a near-tie may go the other way; in fp
 ``--vllm-python`` then runs the workloads through vLLM without speculation, with its n-gram speculation (prompt
 lookup) and, where that python has ``arctic_inference``, with its suffix decoding, alternating, on the same CPU,
 in a process of its own (vLLM's suffix trees keep every earlier output of the engine, warm-up and earlier
-repeats included, where radixrt's runs start cold).
+repeats included; with ``--history warm`` its warm-up runs at full length too).
 """
 
 from __future__ import annotations
@@ -29,16 +34,20 @@ from pathlib import Path
 from radixrt.bench.spec_workloads import WORKLOADS, run_workload
 
 
-def _set_speculation(engine, on: bool) -> None:
-    """Speculation on (fresh drafting state) or off; only while the engine is idle."""
+def new_speculator(engine):
     from radixrt.scheduler.speculation import Speculator
 
     scheduler = engine.scheduler
+    return Speculator(engine.args, scheduler.cache, scheduler.memory, scheduler.context_length)
+
+
+def _set_speculation(engine, speculator) -> None:
+    """Speculation with ``speculator`` (its drafting state as it is), or off (None); only while idle."""
+    scheduler = engine.scheduler
     if not scheduler.idle:
         raise RuntimeError("speculation is switched between runs only")
-    scheduler.speculator = (Speculator(engine.args, scheduler.cache, scheduler.memory, scheduler.context_length)
-                            if on else None)
-    scheduler.output.speculator = scheduler.speculator
+    scheduler.speculator = speculator
+    scheduler.output.speculator = speculator
 
 
 def _engine_calls(engine):
@@ -55,8 +64,9 @@ def _engine_calls(engine):
     return generate, chat
 
 
-def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: int) -> dict:
-    _set_speculation(engine, on)
+def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: int, speculator=None) -> dict:
+    """One run; with speculation, through ``speculator`` where given (its history kept), else a fresh one."""
+    _set_speculation(engine, (speculator or new_speculator(engine)) if on else None)
     engine.flush_cache()
     before = engine.get_stats()
     started = time.perf_counter()
@@ -100,7 +110,7 @@ def run_vllm(python: str, model: str, args: argparse.Namespace) -> list[dict]:
     script = Path(__file__).with_name("spec_workloads.py")
     config = dict(dtype="bfloat16" if args.dtype in ("auto", "bfloat16", "bf16") else "float32",
                   workloads=args.workloads, batch_sizes=args.batch_sizes, max_new_tokens=args.max_new_tokens,
-                  repeats=args.repeats, num_draft_tokens=args.num_draft_tokens)
+                  repeats=args.repeats, num_draft_tokens=args.num_draft_tokens, warm=args.history == "warm")
     done = subprocess.run([python, str(script), "vllm", model, json.dumps(config)], capture_output=True,
                           text=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT_JSON ")), None)
@@ -147,6 +157,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num-draft-tokens", type=int, default=8)
+    p.add_argument("--history", choices=("cold", "warm"), default="cold",
+                   help="cold: every run drafts only from itself; warm: drafting state kept across the warm-up "
+                        "and the repeats of a workload and batch size (a server in steady state)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--model", default=None, help="default: the bundled default model")
     p.add_argument("--vllm-python", default=None, help="also run vLLM's n-gram speculation with this python")
@@ -159,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from radixrt.model.weights import resolve_model_path
     from radixrt.server_args import DEFAULT_MODEL
 
-    context = machine()
+    context = {**machine(), "history": args.history}
     print(" ".join(f"{k}={v}" for k, v in context.items()), flush=True)
     model = str(resolve_model_path(args.model or DEFAULT_MODEL))
     engine = radixrt.Engine(model=model, dtype=args.dtype, speculative_algorithm="NGRAM",
@@ -168,11 +181,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         for name in args.workloads:
             for batch in args.batch_sizes:
-                for on in (False, True):  # warm-up: kernels and allocator at these shapes
-                    measure(engine, name, batch, 4, on, seed=-1)
+                warm = new_speculator(engine) if args.history == "warm" else None
+                warm_up_tokens = args.max_new_tokens if warm else 4
+                for on in (False, True):  # warm-up: kernels and allocator at these shapes (and the history)
+                    measure(engine, name, batch, warm_up_tokens, on, seed=-1, speculator=warm)
                 for repeat in range(args.repeats):
                     for on in (False, True):
-                        rows.append(measure(engine, name, batch, args.max_new_tokens, on, repeat))
+                        rows.append(measure(engine, name, batch, args.max_new_tokens, on, repeat, warm))
     finally:
         engine.shutdown()
     table = summarize(rows)

@@ -148,8 +148,9 @@ def vllm_main(model: str, args: dict) -> None:
     rows = []
     for name in args["workloads"]:
         for batch in args["batch_sizes"]:
-            for method in engines:  # warm-up
-                run_workload(name, *engines[method], batch, 4)
+            for method in engines:  # warm-up (at full length where radixrt's history is warm too)
+                run_workload(name, *engines[method], batch, args["max_new_tokens"] if args.get("warm") else 4,
+                             seed=-1)
             for repeat in range(args["repeats"]):
                 for method in engines:
                     started = time.perf_counter()
