@@ -68,6 +68,27 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(_cpu_flags().partition(":")[2].split())
 
 
+def parse_cpu_model(cpuinfo: str) -> tuple[str, int]:
+    """(vendor, family) of the first processor in /proc/cpuinfo's text; ``("", 0)`` for what it lacks."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    family = fields.get("cpu family", "")
+    return fields.get("vendor_id", ""), int(family) if family.isdigit() else 0
+
+
+@lru_cache(maxsize=1)
+def cpu_model() -> tuple[str, int]:
+    """The CPU's vendor and family (``("AuthenticAMD", 25)`` for Zen 3 and 4); ``("", 0)`` where unknown."""
+    try:
+        return parse_cpu_model(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return "", 0
+
+
 def vector_levels(cpu_flags: str) -> list[str]:
     """The vector builds this CPU can run, widest first: ``avx512bf16``, ``avx512``, ``avx2``, ``default``."""
     names = set(cpu_flags.split())

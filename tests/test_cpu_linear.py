@@ -3,6 +3,7 @@ oneDNN's) must compute what F.linear computes, and each CPU gets the kernel mean
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,8 +30,9 @@ def kernel(request, monkeypatch):
     return request.param
 
 
-# rows: every tile size (1-6, 8 as 4 + 4) and tail, a block of 128 and past it; outputs: a partial last panel
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 13, 64, 128, 131, 300])
+# rows: every tile size (1-6 on AVX2, 1-8 with AVX-512; 8 as 4 + 4 on AVX2) and tail, a block of 128 and past it;
+# outputs: a partial last panel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 64, 128, 131, 300])
 @pytest.mark.parametrize("outputs", [96, 37])
 def test_packed_linear_equals_f_linear(kernel, rows, outputs):
     gen = torch.Generator().manual_seed(rows * outputs)
@@ -62,14 +64,28 @@ def test_panels_refuse_a_mismatched_input_clearly(monkeypatch):
         cpu_linear.packed_linear(torch.randn(2, 8, dtype=torch.float64), packed)
 
 
-@pytest.mark.parametrize("flags, panels", [
-    ({"avx2", "fma"}, True),  # AVX2-only EPYC: the panel kernel beat oneDNN there
-    ({"avx2", "fma", "avx512f", "avx512_bf16"}, False),  # Zen 4: oneDNN's AVX-512 kernels
-    ({"avx2", "fma", "avx512f", "amx_bf16"}, False),  # Sapphire Rapids
-    ({"sse4_2"}, False),
+@pytest.mark.parametrize("flags, model, panels", [
+    ({"avx2", "fma"}, ("AuthenticAMD", 25), True),  # AVX2-only EPYC: the panel kernel beat oneDNN there
+    ({"avx2", "fma"}, ("GenuineIntel", 6), True),
+    ({"avx2", "fma", "avx512f", "avx512_bf16"}, ("AuthenticAMD", 25), True),  # Zen 4: 512 bits on 256-bit units
+    ({"avx2", "fma", "avx512f", "avx512_bf16"}, ("AuthenticAMD", 26), False),  # Zen 5: not measured
+    ({"avx2", "fma", "avx512f", "amx_bf16"}, ("GenuineIntel", 6), False),  # Sapphire Rapids: oneDNN's AVX-512
+    ({"avx2", "fma", "avx512f"}, ("", 0), False),  # unknown vendor with AVX-512
+    ({"sse4_2"}, ("AuthenticAMD", 25), False),
 ])
-def test_the_panel_kernel_is_preferred_on_avx2_cpus_without_avx512(flags, panels):
-    assert cpu_linear.prefers_panels(frozenset(flags)) is panels
+def test_the_panel_kernel_is_preferred_on_avx2_cpus_without_avx512_and_on_zen4(flags, model, panels):
+    assert cpu_linear.prefers_panels(frozenset(flags), model) is panels
+
+
+def test_the_cpu_model_is_read_from_cpuinfo():
+    zen4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n\nprocessor\t: 1\n"
+    assert cpu_kernels.parse_cpu_model(zen4) == ("AuthenticAMD", 25)
+    intel = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+    assert cpu_kernels.parse_cpu_model(intel) == ("GenuineIntel", 6)
+    assert cpu_kernels.parse_cpu_model("processor\t: 0\nBogoMIPS\t: 50.00\n") == ("", 0)  # arm64 has neither
+    info = Path("/proc/cpuinfo")
+    if info.exists() and "vendor_id" in info.read_text():
+        assert cpu_kernels.cpu_model() == cpu_kernels.parse_cpu_model(info.read_text()) != ("", 0)
 
 
 @pytest.mark.parametrize("flags, bf16_panels", [
@@ -84,7 +100,7 @@ def test_the_bf16_panel_kernel_is_preferred_on_avx512_bf16_cpus_without_amx(flag
 def test_the_kernel_choice_follows_the_cpu_and_the_dtype(monkeypatch):
     monkeypatch.delenv(cpu_linear.KERNEL_ENV, raising=False)
     flags = cpu_kernels.cpu_flags()
-    expected = "panels" if cpu_linear.prefers_panels(flags) else "onednn"
+    expected = "panels" if cpu_linear.prefers_panels(flags, cpu_kernels.cpu_model()) else "onednn"
     assert cpu_linear.choose_kernel(torch.ones(4, 4)) == expected
     bf16 = "bf16" if cpu_linear.prefers_bf16_panels(flags) and cpu_kernels.linear_bf16_built() else "onednn"
     assert cpu_linear.choose_kernel(torch.ones(4, 4, dtype=torch.bfloat16)) == bf16
@@ -171,7 +187,7 @@ def test_the_bf16_panels_compute_what_fp32_computes_rounded_once(rows, outputs):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_row_gets_the_same_bits_whatever_rows_share_its_product(dtype):
     """A speculative verify step's rows must be the decode step's rows: a row's output may not depend on the
-    balanced tiles (up to 6 rows fp32, 8 bf16) that the row count splits into."""
+    balanced tiles (up to 6 rows fp32 on AVX2, 8 with AVX-512 and in bf16) that the row count splits into."""
     assert cpu_kernels.linear_panels_usable(), "the panel kernel did not build with AVX2/FMA here"
     pack, linear = ((cpu_kernels.pack_linear_panels, cpu_kernels.linear_panels) if dtype == torch.float32
                     else (cpu_kernels.pack_linear_bf16, cpu_kernels.linear_bf16))

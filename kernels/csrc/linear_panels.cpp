@@ -2,11 +2,13 @@
 //
 // Layout: panel p holds W's rows 16p..16p+15 transposed, [K][16] (the last panel zero-padded), so a panel is
 // one contiguous stream. Each thread takes whole panels; for each panel it walks the rows of x in balanced
-// tiles of up to 6, and a tile's 6 x 16 outputs stay in 12 vector registers over all of K (one FMA pair per
-// row and k, the panel's two vectors loaded once per k for all 6 rows). A panel is read from memory once per
-// block of 128 rows of x and then from cache, so decode-sized products (1-64 rows) stream the weights once,
-// overlapping the arithmetic; the block of x stays in L2 while the panels pass. On the AVX2-only CPUs this ran
-// 15-40% faster than oneDNN's prepacked fp32 kernel at every row count from 1 to 2048 (docs/BENCHMARKS.md).
+// tiles of up to 6 (8 where AVX-512 gives 32 vector registers), and a tile's outputs stay in registers over all
+// of K (one FMA pair per row and k, the panel's two vectors loaded once per k for all the tile's rows). A row's
+// arithmetic is the same in any tile, so its bits do not depend on the rows beside it. A panel is read from
+// memory once per block of 128 rows of x and then from cache, so decode-sized products (1-64 rows) stream the
+// weights once, overlapping the arithmetic; the block of x stays in L2 while the panels pass. On the AVX2-only
+// CPUs this ran 15-40% faster than oneDNN's prepacked fp32 kernel at every row count from 1 to 2048; on Zen 4
+// 1.5x at 1-2 rows and within 10% either way from 4 to 512 (docs/BENCHMARKS.md).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -19,15 +21,20 @@ namespace {
 
 constexpr int64_t kCols = 16;      // output columns a panel holds: two 8-wide vectors
 constexpr int64_t kRowBlock = 128; // rows of x a block of work keeps in L2 while every panel passes
+#ifdef __AVX512VL__
+constexpr int64_t kMaxTile = 8;  // 16 accumulators: AVX-512's 32 vector registers hold them with room to spare
+#else
+constexpr int64_t kMaxTile = 6;  // 12 accumulators of AVX2's 16 registers
+#endif
 
 #ifdef RADIXRT_PANELS
-// Rows R (1..6) of x times one panel: out[r][0:ncols] = x[r] . panel (+ bias).
+// Rows R (1..kMaxTile) of x times one panel: out[r][0:ncols] = x[r] . panel (+ bias).
 // The accumulators are written out one by one: as a loop over an array gcc spilled them, and it ran 2x slower.
 template <int R>
 inline void tile(const float* __restrict x, int64_t ldx, const float* __restrict panel, int64_t K,
                  const float* __restrict bias, float* __restrict out, int64_t ldo, int64_t ncols) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
-         c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+         c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
   for (int64_t k = 0; k < K; ++k) {
     const __m256 b0 = _mm256_loadu_ps(panel + k * kCols), b1 = _mm256_loadu_ps(panel + k * kCols + 8);
     __m256 a = _mm256_broadcast_ss(x + k);
@@ -58,8 +65,18 @@ inline void tile(const float* __restrict x, int64_t ldx, const float* __restrict
       c50 = _mm256_fmadd_ps(a, b0, c50);
       c51 = _mm256_fmadd_ps(a, b1, c51);
     }
+    if constexpr (R > 6) {
+      a = _mm256_broadcast_ss(x + 6 * ldx + k);
+      c60 = _mm256_fmadd_ps(a, b0, c60);
+      c61 = _mm256_fmadd_ps(a, b1, c61);
+    }
+    if constexpr (R > 7) {
+      a = _mm256_broadcast_ss(x + 7 * ldx + k);
+      c70 = _mm256_fmadd_ps(a, b0, c70);
+      c71 = _mm256_fmadd_ps(a, b1, c71);
+    }
   }
-  alignas(32) float acc[6][kCols];
+  alignas(32) float acc[8][kCols];
   _mm256_store_ps(acc[0], c00);
   _mm256_store_ps(acc[0] + 8, c01);
   if constexpr (R > 1) {
@@ -82,12 +99,20 @@ inline void tile(const float* __restrict x, int64_t ldx, const float* __restrict
     _mm256_store_ps(acc[5], c50);
     _mm256_store_ps(acc[5] + 8, c51);
   }
+  if constexpr (R > 6) {
+    _mm256_store_ps(acc[6], c60);
+    _mm256_store_ps(acc[6] + 8, c61);
+  }
+  if constexpr (R > 7) {
+    _mm256_store_ps(acc[7], c70);
+    _mm256_store_ps(acc[7] + 8, c71);
+  }
   for (int r = 0; r < R; ++r)
     for (int64_t j = 0; j < ncols; ++j) out[r * ldo + j] = acc[r][j] + (bias ? bias[j] : 0.f);
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, float*, int64_t, int64_t);
-constexpr TileFn kTiles[7] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+constexpr TileFn kTiles[9] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
 #endif
 
 }  // namespace
@@ -132,9 +157,9 @@ at::Tensor linear_panels(at::Tensor x, at::Tensor panels, int64_t out_features, 
         const int64_t ncols = std::min(kCols, N - p * kCols);
         const float* panel = W + p * K * kCols;
         const float* pb = b ? b + p * kCols : nullptr;
-        // the fewest tiles of at most 6 rows, balanced (7 rows as 4 + 3, not 6 + 1): a tile of one row keeps
-        // two FMA chains in flight, and took as long as a tile of four
-        const int64_t block = m1 - m0, tiles = (block + 5) / 6;
+        // the fewest tiles of at most kMaxTile rows, balanced (7 rows as 4 + 3, not 6 + 1, on AVX2): a tile
+        // of one row keeps two FMA chains in flight, and took as long as a tile of four
+        const int64_t block = m1 - m0, tiles = (block + kMaxTile - 1) / kMaxTile;
         for (int64_t t = 0; t < tiles; ++t) {
           const int64_t m = m0 + t * block / tiles, rows = m0 + (t + 1) * block / tiles - m;
           kTiles[rows](X + m * K, K, panel, K, pb, Y + m * N + p * kCols, N, ncols);

@@ -3,9 +3,12 @@
 ``F.linear`` on the CPU calls MKL's sgemm, which repacks the weight on every call; at decode batch sizes
 (1-64 rows) that repacking is a large share of the GEMM. Two kernels take a weight packed once instead:
 
-- ``panels`` (radixrt.kernels' ``linear_panels``): fp32 on CPUs with AVX2/FMA and no AVX-512, the weight in
-  panels of 16 output columns that each thread streams once per block of rows. On such a CPU it ran 15-40%
-  faster than oneDNN's prepacked kernel at every row count from 1 to 2048 (docs/BENCHMARKS.md).
+- ``panels`` (radixrt.kernels' ``linear_panels``): fp32 on CPUs with AVX2/FMA and no AVX-512, and on AMD's
+  family 25 (Zen 4) with it, the weight in panels of 16 output columns that each thread streams once per block
+  of rows. On an AVX2-only EPYC it ran 15-40% faster than oneDNN's prepacked kernel at every row count from 1 to
+  2048; on Zen 4, whose 512-bit vectors run on 256-bit units, 1.5x faster at 1-2 rows and 0.91-1.15x from 4
+  to 512 rows (docs/BENCHMARKS.md). It computes a row the same way whatever rows come with it, which
+  oneDNN does not promise. Intel's AVX-512 CPUs keep oneDNN (not measured there).
 - ``bf16`` (radixrt.kernels' ``linear_bf16``): bf16 on CPUs with AVX512-BF16 and no AMX, the weight in panels
   of 16 output columns as bf16 pairs, multiplied with ``vdpbf16ps`` in tiles of 8 rows by 3 panels. On an AMD
   EPYC (Zen 4) it ran 1.05-2x faster than oneDNN's prepacked bf16 kernel from 1 to 2048 rows, most at decode
@@ -46,9 +49,10 @@ def packing_enabled(device: torch.device) -> bool:
     return device.type == "cpu" and os.environ.get("RADIXRT_DISABLE_PACKED_LINEAR") != "1"
 
 
-def prefers_panels(flags: frozenset[str]) -> bool:
-    """AVX2 with FMA and no AVX-512: where the panel kernel beat oneDNN (with AVX-512 oneDNN has wider vectors)."""
-    return {"avx2", "fma"} <= flags and "avx512f" not in flags
+def prefers_panels(flags: frozenset[str], model: tuple[str, int] = ("", 0)) -> bool:
+    """AVX2 with FMA, without AVX-512 or on AMD's family 25 (Zen 4, which splits 512-bit vectors into halves):
+    where the panel kernel beat oneDNN. ``model``: (vendor, family), as :func:`cpu_kernels.cpu_model`."""
+    return {"avx2", "fma"} <= flags and ("avx512f" not in flags or model == ("AuthenticAMD", 25))
 
 
 def prefers_bf16_panels(flags: frozenset[str]) -> bool:
@@ -63,7 +67,7 @@ def choose_kernel(weight: torch.Tensor) -> str:
     if forced is not None and forced not in KERNELS:
         raise ValueError(f"{KERNEL_ENV}={forced!r}; choose one of {', '.join(KERNELS)}")
     flags = cpu_kernels.cpu_flags()
-    wants_panels = forced == "panels" or (forced is None and prefers_panels(flags))
+    wants_panels = forced == "panels" or (forced is None and prefers_panels(flags, cpu_kernels.cpu_model()))
     if wants_panels and weight.dtype == torch.float32 and cpu_kernels.linear_panels_usable():
         return "panels"
     wants_bf16 = forced == "bf16" or (forced is None and prefers_bf16_panels(flags))

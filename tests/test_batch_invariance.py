@@ -1,7 +1,8 @@
-"""In bf16, where radixrt's own CPU kernels run every product (AVX512-BF16 without AMX: the bf16 panel GEMM and the
-bf16 decode kernel), speculation changes no token and no logprob: a verify row gets the bits of the decode row it
-stands for, and a decoding request gets the same bits whichever requests decode beside it (with speculation they
-advance at different rates, so the decode kernel's shared-prefix groups differ from step to step).
+"""Where radixrt's own CPU kernels run every product, speculation changes no token and no logprob: a verify row
+gets the bits of the decode row it stands for, and a decoding request gets the same bits whichever requests decode
+beside it (with speculation they advance at different rates, so the decode kernel's shared-prefix groups differ
+from step to step). That holds in bf16 on AVX512-BF16 without AMX (the bf16 panel GEMM and the bf16 decode
+kernel) and in fp32 where the fp32 panel GEMM runs (AVX2 without AVX-512, and Zen 4).
 
 Each piece computes a row the same way whatever rows come with it (tests/test_cpu_linear.py,
 tests/test_kernels_cascade.py); here the whole scheduler is held to it: four requests with a common 150-token
@@ -25,11 +26,13 @@ from radixrt.server_args import ServerArgs
 PAGE = 16
 NEW_TOKENS = 40
 
-pytestmark = pytest.mark.skipif(
-    not (cpu_kernels.linear_bf16_built() and cpu_kernels.bf16_dot_built()
-         and cpu_linear.prefers_bf16_panels(cpu_kernels.cpu_flags())),
-    reason="bf16 products run on oneDNN on this CPU, whose rounding may depend on the row count; the kernels' own "
-           "row invariance is tested on every CPU in test_cpu_linear.py and test_kernels_cascade.py")
+OWN_KERNELS = {
+    "bfloat16": (cpu_kernels.linear_bf16_built() and cpu_kernels.bf16_dot_built()
+                 and cpu_linear.prefers_bf16_panels(cpu_kernels.cpu_flags())),
+    "float32": (cpu_kernels.linear_panels_usable()
+                and cpu_linear.prefers_panels(cpu_kernels.cpu_flags(), cpu_kernels.cpu_model())),
+}
+KERNEL = {"bfloat16": "bf16", "float32": "panels"}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,8 @@ def tiny_hd64(tmp_path_factory):
     return folder
 
 
-def decode(folder, prompts: list[list[int]], together: bool, speculative: bool) -> tuple[list[list], int]:
+def decode(folder, dtype: str, prompts: list[list[int]], together: bool, speculative: bool
+           ) -> tuple[list[list], int]:
     """Greedy tokens of each prompt with their logprobs and top-5 logprobs (all submitted at once, or each after
     the previous finished), and how many draft tokens were accepted. The logprobs come from the logits' exact
     bits: a change in rounding shows there even where it flips no token."""
@@ -64,7 +68,7 @@ def decode(folder, prompts: list[list[int]], together: bool, speculative: bool) 
             out.setdefault(delta.rid, []).extend(zip(delta.new_ids, delta.output_logprobs or [],
                                                      delta.output_top_logprobs or [], strict=True))
 
-    runner = ModelRunner(folder, dtype="bfloat16", page_size=PAGE, num_pages=128)
+    runner = ModelRunner(folder, dtype=dtype, page_size=PAGE, num_pages=128)
     args = ServerArgs(log_interval=0, page_size=PAGE, debug_checks=True,
                       speculative_algorithm="NGRAM" if speculative else None)
     scheduler = Scheduler(args, runner, None, {0}, sink)
@@ -83,14 +87,19 @@ def decode(folder, prompts: list[list[int]], together: bool, speculative: bool) 
     return [out[f"r{i}"] for i in range(len(prompts))], accepted
 
 
-def test_greedy_bf16_tokens_and_logprobs_are_the_same_with_speculation_alone_and_together(tiny_hd64):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_greedy_tokens_and_logprobs_are_the_same_with_speculation_alone_and_together(tiny_hd64, dtype):
+    if not OWN_KERNELS[dtype]:
+        pytest.skip(f"{dtype} products run on oneDNN on this CPU, whose rounding may depend on the row count; the "
+                    "kernels' own row invariance is tested on every CPU in test_cpu_linear.py and "
+                    "test_kernels_cascade.py")
     shared = [1 + (i * 7) % 23 for i in range(150)]  # a repeating pattern: drafts from the context get accepted
     prompts = [shared + [100 + r, 101 + r, 102 + r] for r in range(4)]
-    assert cpu_linear.choose_kernel(torch.zeros(2, 2, dtype=torch.bfloat16)) == "bf16"
-    plain_together, _ = decode(tiny_hd64, prompts, together=True, speculative=False)
-    spec_together, accepted = decode(tiny_hd64, prompts, together=True, speculative=True)
+    assert cpu_linear.choose_kernel(torch.zeros(2, 2, dtype=getattr(torch, dtype))) == KERNEL[dtype]
+    plain_together, _ = decode(tiny_hd64, dtype, prompts, together=True, speculative=False)
+    spec_together, accepted = decode(tiny_hd64, dtype, prompts, together=True, speculative=True)
     assert accepted > 0, "the drafts must really be verified for the comparison to mean anything"
     assert spec_together == plain_together
-    plain_alone, _ = decode(tiny_hd64, prompts[:2], together=False, speculative=False)
-    spec_alone, _ = decode(tiny_hd64, prompts[:2], together=False, speculative=True)
+    plain_alone, _ = decode(tiny_hd64, dtype, prompts[:2], together=False, speculative=False)
+    spec_alone, _ = decode(tiny_hd64, dtype, prompts[:2], together=False, speculative=True)
     assert spec_alone == plain_alone
