@@ -10,7 +10,8 @@ step at long distinct contexts (``--long-batch`` x ``--long-len``, the multi-tur
 for the effect of each. ``--ab-packed-linear`` instead times the linear layers on the AVX2 panel kernel,
 on oneDNN's prepacked kernel and on plain ``F.linear`` interleaved in one process (three runners), which this
 VM's drift between runs makes the fairer comparison;
-``--ab-fused-ops`` does the same for the fused C++ element-wise ops against the torch ops they replace.
+``--ab-fused-ops`` does the same for the fused C++ element-wise ops against the torch ops they replace, and
+``--ab-module-call`` for the layers called straight through their forward against nn.Module's call.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from typing import Callable
 from unittest import mock
 
 import torch
+from torch import nn
 
 from radixrt.kernels import cpu_kernels, torch_cascade
 from radixrt.model import layers
 from radixrt.model.cpu_linear import KERNEL_ENV
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.model.module import InferenceModule
 from radixrt.model.runner import ModelRunner
 from radixrt.model.weights import resolve_model_path
 from radixrt.server_args import DEFAULT_MODEL
@@ -59,7 +62,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="only compare the panel, oneDNN and plain linear layers, interleaved")
     parser.add_argument("--ab-fused-ops", action="store_true",
                         help="only compare the fused C++ element-wise ops vs torch ops, interleaved")
+    parser.add_argument("--ab-module-call", action="store_true",
+                        help="only compare layers called through forward vs nn.Module.__call__, interleaved")
     args = parser.parse_args(argv)
+    if args.ab_module_call:
+        _ab_module_call(args)
+        return
     if args.ab_packed_linear:
         _ab_packed_linear(args)
         return
@@ -169,6 +177,24 @@ def _ab_fused_ops(args) -> None:
         layers.cpu_kernels = cpu_kernels
 
 
+def _ab_module_call(args) -> None:
+    """One runner, its layers called straight through their forward (``InferenceModule``) and through
+    nn.Module's ``__call__`` (hook checks around every forward) in turn."""
+    own = -(-(args.prompt_len + 2) // PAGE_SIZE)
+    runner = ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE,
+                         num_pages=1 + args.batch * own)
+    straight = InferenceModule.__call__
+
+    def use(call) -> Callable[[], None]:
+        return lambda: setattr(InferenceModule, "__call__", call)
+
+    print(f"{args.dtype}, {torch.get_num_threads()} threads")
+    try:
+        _time_interleaved(args, {"forward": (runner, use(straight)), "nn.Module call": (runner, use(nn.Module.__call__))})
+    finally:
+        InferenceModule.__call__ = straight
+
+
 def _time_interleaved(args, variants: dict[str, tuple[ModelRunner, Callable[[], None]]]) -> None:
     """A prefill chunk and a decode step of distinct prompts, the variants alternating ``--repeats`` times
     (each variant's callable sets it up before its turn)."""
@@ -194,7 +220,7 @@ def _time_interleaved(args, variants: dict[str, tuple[ModelRunner, Callable[[], 
                 setup()
                 times[label].append(_timed(lambda: fn(runner), 1))
         print(name + ": " + ", ".join(
-            f"{label} median {sorted(t)[len(t) // 2] * 1000:.0f} ms (best {min(t) * 1000:.0f})"
+            f"{label} median {sorted(t)[len(t) // 2] * 1000:.1f} ms (best {min(t) * 1000:.1f})"
             for label, t in times.items()))
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from radixrt.kernels import cpu_kernels, torch_fused, triton_ops
+from radixrt.model.module import InferenceModule
 
 
 def _kernels_for(x: torch.Tensor) -> bool:
@@ -37,7 +38,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch_fused.silu_and_mul(gate_up)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(InferenceModule):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
@@ -64,7 +65,7 @@ class RMSNorm(nn.Module):
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(InferenceModule):
     """RoPE with the config's theta and scaling; cos/sin are precomputed in fp32 for every position.
 
     The tables are computed on the CPU (the same numbers whatever the device), then placed on the device

@@ -16,6 +16,7 @@ from torch import nn
 from radixrt.model.attention import AttentionBackend
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from radixrt.model.module import InferenceModule
 from radixrt.model.cpu_linear import PackedWeight, pack_weight, packed_linear
 from radixrt.model.parallel import (
     SINGLE,
@@ -67,7 +68,7 @@ def check_tensor_parallel(config, tp_size: int) -> None:
         raise ValueError(f"this model cannot run with tp_size {tp_size}: " + "; ".join(problems))
 
 
-class Attention(nn.Module):
+class Attention(InferenceModule):
     def __init__(self, config, layer: int, rotary: RotaryEmbedding, tp: TPGroup) -> None:
         super().__init__()
         self.layer = layer
@@ -112,7 +113,7 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
 
-class MLP(nn.Module):
+class MLP(InferenceModule):
     def __init__(self, config, tp: TPGroup) -> None:
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(
@@ -126,7 +127,7 @@ class MLP(nn.Module):
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(InferenceModule):
     def __init__(self, config, layer: int, rotary: RotaryEmbedding, tp: TPGroup) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer, rotary, tp)
@@ -149,7 +150,7 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(InferenceModule):
     # checkpoint projection name -> (our module attribute, index of its shard in the merged weight)
     _MERGED = {
         "q_proj": ("qkv_proj", 0),

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixrt.model.cpu_linear import PackedWeight, pack_weight, packed_linear
+from radixrt.model.module import InferenceModule
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def _param(shape: tuple[int, ...]) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape), requires_grad=False)
 
 
-class PackableLinear(nn.Module):
+class PackableLinear(InferenceModule):
     """A linear map whose weight can be swapped, after loading, for a CPU-prepacked copy (cpu_linear)."""
 
     weight: nn.Parameter | None
@@ -133,7 +134,7 @@ class RowParallelLinear(PackableLinear):
         return out if self.bias is None else out + self.bias
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(InferenceModule):
     """Token embedding whose rows (the vocabulary, padded to a multiple of the rank count) are split over ranks."""
 
     def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = SINGLE) -> None:
