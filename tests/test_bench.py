@@ -214,6 +214,13 @@ def test_cpu_step_bench_runs_every_section(capsys):
     out = capsys.readouterr().out
     assert "decode step, batch 2, context 16: fused median" in out and "torch ops median" in out
     assert layers.cpu_kernels is cpu_kernels  # the switch is put back
+    from radixrt.model.module import InferenceModule
+
+    straight = InferenceModule.__call__
+    cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--repeats", "1", "--ab-module-call"])
+    out = capsys.readouterr().out
+    assert "decode step, batch 2, context 16: forward median" in out and "nn.Module call median" in out
+    assert InferenceModule.__call__ is straight  # the switch is put back
 
 
 @pytest.mark.model
