@@ -160,11 +160,16 @@ def _ab_packed_linear(args) -> None:
     _time_interleaved(args, {label: (runner, lambda: None) for label, runner in runners.items()})
 
 
+def _ab_runner(args) -> ModelRunner:
+    """The runner an A/B mode switches something in: room for ``--batch`` prompts of ``--prompt-len`` tokens."""
+    own = -(-(args.prompt_len + 2) // PAGE_SIZE)
+    return ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE,
+                       num_pages=1 + args.batch * own)
+
+
 def _ab_fused_ops(args) -> None:
     """One runner, its layers' fused C++ ops (RMSNorm, SiLU-and-mul, rotary) switched on and off in turn."""
-    own = -(-(args.prompt_len + 2) // PAGE_SIZE)
-    runner = ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE,
-                         num_pages=1 + args.batch * own)
+    runner = _ab_runner(args)
     torch_only = SimpleNamespace(load=lambda: None)
 
     def use(kernels) -> Callable[[], None]:
@@ -180,9 +185,7 @@ def _ab_fused_ops(args) -> None:
 def _ab_module_call(args) -> None:
     """One runner, its layers called straight through their forward (``InferenceModule``) and through
     nn.Module's ``__call__`` (hook checks around every forward) in turn."""
-    own = -(-(args.prompt_len + 2) // PAGE_SIZE)
-    runner = ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE,
-                         num_pages=1 + args.batch * own)
+    runner = _ab_runner(args)
     straight = InferenceModule.__call__
 
     def use(call) -> Callable[[], None]:

@@ -50,7 +50,8 @@ def _set_speculation(engine, speculator) -> None:
     scheduler.output.speculator = speculator
 
 
-def _engine_calls(engine):
+def engine_calls(engine):
+    """The workloads' two callables (``spec_workloads``) on a radixrt Engine."""
     def generate(prompts: list[str], params: dict) -> list[tuple[list[int], str]]:
         base = {"max_new_tokens": params["max_new_tokens"], "temperature": params["temperature"]}
         seeds = params.get("seeds") or [None] * len(prompts)
@@ -70,7 +71,7 @@ def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: 
     engine.flush_cache()
     before = engine.get_stats()
     started = time.perf_counter()
-    outputs = run_workload(name, *_engine_calls(engine), batch, max_new_tokens, seed)
+    outputs = run_workload(name, *engine_calls(engine), batch, max_new_tokens, seed)
     seconds = time.perf_counter() - started
     after = engine.get_stats()
     delta = {k: after[k] - before[k] for k in ("decode_seconds", "decode_tokens", "spec_verify_steps",

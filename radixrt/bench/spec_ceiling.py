@@ -27,10 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from radixrt.bench.spec_workloads import WORKLOADS, run_workload
-from radixrt.scheduler.drafts import ContextIndex, History
+from radixrt.scheduler.drafts import ContextIndex, History, ngram_match
+from radixrt.server_args import ServerArgs
 
 MAX_DRAFT = 8
-MIN_WINDOW, MAX_WINDOW = 1, 12  # the server's defaults for n-gram matches
+MIN_WINDOW = ServerArgs.speculative_ngram_min_match_window_size  # the server's defaults for n-gram matches
+MAX_WINDOW = ServerArgs.speculative_ngram_max_match_window_size
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,7 @@ def agreement(proposal: list[int], output: list[int], j: int) -> int:
 
 
 def drafter_agreement(index: ContextIndex, history: History, tokens: list[int], output: list[int], j: int) -> int:
-    own = index.match(MAX_DRAFT)
-    other = history.match(tokens[-MAX_WINDOW:], MAX_DRAFT)
-    match = other if other is not None and (own is None or other.length > own.length) else own
+    match = ngram_match(index, history, tokens, MAX_DRAFT)
     return agreement(match.tokens, output, j) if match is not None else 0
 
 
@@ -96,12 +96,12 @@ def replay(request: Request, earlier: list[Request], costs: list[float]) -> dict
 def collect(name: str, seeds: list[int], max_new_tokens: int, dtype: str) -> dict[int, list[Request]]:
     """Each seed's requests, in order, run at batch 1 without speculation."""
     import radixrt
-    from radixrt.bench.spec_bench import _engine_calls
+    from radixrt.bench.spec_bench import engine_calls
     from radixrt.server_args import DEFAULT_MODEL
 
     engine = radixrt.Engine(model=DEFAULT_MODEL, dtype=dtype, log_interval=0)
     try:
-        generate, chat = _engine_calls(engine)
+        generate, chat = engine_calls(engine)
         runs: dict[int, list[Request]] = {}
         for seed in seeds:
             requests: list[Request] = []

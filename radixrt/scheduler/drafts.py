@@ -188,6 +188,16 @@ class History:
         return Match(tokens, best[1], "history") if tokens else None
 
 
+def ngram_match(index: ContextIndex, history: History, tokens: Sequence[int], limit: int) -> Match | None:
+    """The request's own suffix match (``index`` synced to ``tokens``), or the history's where that agrees on
+    more tokens of the context."""
+    own = index.match(limit)
+    other = history.match(tokens[-history.max_window:], limit)
+    if other is not None and (own is None or other.length > own.length):
+        return other
+    return own
+
+
 def cache_continuation(node: TreeNode, tail: Sequence[int], page_size: int, limit: int) -> list[int]:
     """Up to ``limit`` tokens the radix tree holds after ``tail``, the request's tokens past ``node`` (its
     locked, deepest cached node); the most recently used branch where the tree forks. Read-only."""

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixrt.scheduler.drafts import ContextIndex, History, Match, cache_continuation
+from radixrt.scheduler.drafts import ContextIndex, History, Match, cache_continuation, ngram_match
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.request import Req
 
@@ -262,11 +262,7 @@ class Speculator:
                 return Match(continuation, len(tokens), "cache")
         if not ngrams:
             return None
-        own = req.spec.index.match(limit)
-        other = self.history.match(tokens[-self.max_window:], limit)
-        if other is not None and (own is None or other.length > own.length):
-            return other
-        return own
+        return ngram_match(req.spec.index, self.history, tokens, limit)
 
     # ----- verification ---------------------------------------------------------------------------------
 
