@@ -202,6 +202,21 @@ def test_prefix_hit_on_a_full_pool_waits_instead_of_crashing_the_step(world, ora
     assert scheduler.pool.num_free + scheduler.cache.evictable_pages == 20
 
 
+def test_a_preempted_constrained_request_re_tokenises_as_it_would_alone(world, oracle):
+    """A choices request ("alpha beta gamma" / "alpha beta delta" / "omega") jumps forward to "alpha beta " and is
+    preempted by an urgent request before those tokens are sent. Had its pages gone into the tree with them, they
+    would be frozen when it came back, and the next jump-forward could not re-tokenise " " + "g" + "amma" as
+    " gamma": it wrote [" ", "gamma"] where alone it writes [" gamma"]. Unsent tokens of a constrained request
+    stay out of the tree."""
+    knobs = Knobs(seed=101133, num_requests=12, page_size=4, oversubscription=1.0, chunked_prefill_size=2048,
+                  schedule_policy="fcfs", partial_page_reuse=False, max_running_requests=4, max_new_tokens=40,
+                  arrival_span=10, multi_turn=False, n_samples=False, logprobs=False, flushes=False,
+                  priorities=True, copying=True)
+    result = run_seed(knobs, world, oracle)
+    assert result.ok, _failure_report(result)
+    assert result.jump_forwards > 0 and result.preemptions > 0
+
+
 def test_prompt_logprobs_are_sent_once_when_a_request_is_retracted_after_its_prefill(world, oracle):
     """Two decoding requests with prompt logprobs outgrow a 16-page pool: one is retracted after its first
     delta (which carried its prompt logprobs) and computes its prompt again. That must neither append the

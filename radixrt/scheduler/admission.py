@@ -174,8 +174,9 @@ class Admission:
         return need + math.ceil(remaining * self.new_token_ratio / self.page_size)
 
     def _match_limit(self, req: Req) -> int:
-        """Tokens the cache may serve: never the last one (its logits are needed), nor prompt logprob rows."""
-        limit = req.total_len - 1
+        """Tokens the cache may serve: never the last one (its logits are needed), nor prompt logprob rows, nor
+        tokens that may still change (``Req.final_len``)."""
+        limit = min(req.total_len - 1, req.final_len)
         if req.computes_prompt_logprobs:
             limit = min(limit, max(req.logprob_start_len - 1, 0))
         return limit

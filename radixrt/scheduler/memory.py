@@ -20,6 +20,9 @@ given back, and advanced by the output step as the forward computes tokens.
 - ``release`` (finish, abort, retraction, failed batch) inserts computed whole pages in the tree, frees the
   private pages the tree did not keep, unlocks the path and empties the table.
 - ``check`` asserts the page accounting.
+
+Only tokens that can no longer change go into the tree (``Req.final_len``): a constrained request's unsent output
+may still be re-tokenised by jump-forward.
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ class Memory:
 
     def cache_prefix(self, req: Req) -> None:
         """After a prefill chunk: put the request's computed whole pages in the tree for others to share."""
-        whole = req.num_computed // self.page_size
+        whole = min(req.num_computed, req.final_len) // self.page_size
         if self.cache.disabled or whole <= req.num_tree_pages:
             return
         result = self.cache.insert(req.fill_ids[: whole * self.page_size], req.pages[:whole])
@@ -169,7 +172,7 @@ class Memory:
         """Hand the request's computed whole pages to the cache, free the rest, unlock its path."""
         if req.node is None and not req.pages:
             return
-        whole = min(req.num_computed // self.page_size, len(req.pages))
+        whole = min(min(req.num_computed, req.final_len) // self.page_size, len(req.pages))
         result = self.cache.insert(req.fill_ids[: whole * self.page_size], req.pages[:whole])
         kept = set(result.tree_pages)
         private = [p for p in req.pages[req.num_tree_pages :] if p not in kept]

@@ -94,6 +94,17 @@ class Req:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def final_len(self) -> int:
+        """Tokens of ``fill_ids`` that can no longer change, the only ones the radix tree may hold for this request:
+        all of them, except a running constrained request's unsent output tokens, which jump-forward may still
+        re-tokenise (radixrt.scheduler.output). Tree pages are never rewritten, so a retracted request whose
+        unsent tail went into the tree would re-tokenise less than it would have had it kept running, and write
+        other tokens than it does alone."""
+        if self.grammar is None or self.finished:
+            return self.total_len
+        return len(self.prompt_ids) + self.num_sent
+
+    @property
     def num_to_compute(self) -> int:
         """Tokens whose K/V are missing; the logits of the last of them give the next token."""
         return self.total_len - self.num_computed
