@@ -96,7 +96,10 @@ class DecodePlan:
         return self._chunks
 
 
-ITEMS_PER_THREAD = 8  # enough items that threads finish together, few enough that chunks stay large
+# Enough items that threads finish together, few enough that chunks stay large: each chunk walks its group's shared
+# pages again, and a chunk of few rows fills few of the kernel's row tiles (at 8 a thread, one verify step of 9
+# rows on 2 threads ran as 5 chunks of 1-2 rows; at 3, as chunks of 5 and 4).
+ITEMS_PER_THREAD = 3
 MAX_CHUNK = 16  # requests whose queries walk a shared prefix together: their rows and accumulators stay in L1/L2
 
 

@@ -208,10 +208,13 @@ def test_plan_chunks_keep_every_thread_busy(monkeypatch):
     chunks = plan.kernel_chunks(kv_heads=2)
     sizes = (chunks.offsets[1:] - chunks.offsets[:-1]).tolist()
     assert sorted(chunks.rows.tolist()) == list(range(13))
-    assert sizes == [1] * 13 and chunks.groups.tolist() == [0] * 12 + [-1]  # 26 items for 64 wanted: 1 a chunk
+    assert sizes == [1] * 13 and chunks.groups.tolist() == [0] * 12 + [-1]  # 26 items for 24 wanted: 1 a chunk
     plan = torch_cascade.plan_decode(table, lens, 4)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert (plan.kernel_chunks(kv_heads=2).offsets.diff()).tolist() == [3, 3, 3, 3, 1]  # 12 * 2 / 8 items a thread
+    assert (plan.kernel_chunks(kv_heads=2).offsets.diff()).tolist() == [12, 1]  # 4 items for 3 wanted: whole
+    plan = torch_cascade.plan_decode(table, lens, 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert (plan.kernel_chunks(kv_heads=2).offsets.diff()).tolist() == [4, 4, 4, 1]  # 12 * 2 / 6 items wanted
 
 
 def test_many_small_groups_stay_whole_chunks(monkeypatch):
