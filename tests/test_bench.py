@@ -291,11 +291,13 @@ def test_spec_bench_reads_each_vllm_method_and_prints_its_columns(tmp_path, caps
     assert vllm == [dict(workload="agent", batch=1, off_tok_s=50.0, ngram_tok_s=100.0, ngram_speedup=2.0,
                          suffix_tok_s=100.0, suffix_speedup=4.0)]
     ours = dict(workload="agent", batch=1, off_tok_s=1.0, on_tok_s=2.0, speedup=2.0, off_decode_tok_s=1.0,
-                on_decode_tok_s=2.0, decode_speedup=2.0, accept_length=3.0, accept_rate=0.5, same_outputs="1/1")
+                on_decode_tok_s=2.0, decode_speedup=2.0, accept_length=3.0, accept_rate=0.5, token_cost=0.25,
+                same_outputs="1/1")
     spec_bench.print_table([ours], vllm)
     head, _, line = capsys.readouterr().out.splitlines()
-    assert head.endswith("| vLLM off | vLLM ngram | vLLM ngram x | vLLM suffix | vLLM suffix x |")
-    assert line.endswith("| 50.0 | 100.0 | 2.00 | 100.0 | 4.00 |")
+    assert head.endswith("| draft token cost | same tokens | vLLM off | vLLM ngram | vLLM ngram x | vLLM suffix "
+                         "| vLLM suffix x |")
+    assert line.endswith("| 0.25 | 1/1 | 50.0 | 100.0 | 2.00 | 100.0 | 4.00 |")
 
 
 @pytest.mark.model
@@ -320,6 +322,7 @@ def test_spec_bench_runs_both_ways_with_the_same_tokens(tmp_path, capsys):
     assert set(rows) == {"extraction", "random"}
     for row in rows.values():  # fp32: speculation changes no token, greedy or seeded sampling
         assert row["same_outputs"] == "1/1" and row["off_tok_s"] > 0 and row["on_tok_s"] > 0
+        assert 0.0 < row["token_cost"] <= 1.0  # what the drafting policy took a draft token to cost
     assert rows["extraction"]["accept_length"] > 1.0  # the invoice's fields are copied from the prompt
 
 

@@ -13,7 +13,9 @@ runs wrote, as a server in steady state does and as vLLM's suffix decoding alway
 repeat by repeat, so the machine's drift hits both alike. Per
 workload and batch size: output tokens per second end to end and in decode steps (the scheduler's time in
 steps without prefill chunks and the tokens they gave), the on/off ratio (median of the paired repeats), the
-mean acceptance length, and how many outputs were the same tokens with speculation on (in bf16 a verify step
+mean acceptance length, what a draft token cost against a request's share of a decode step (the Speculator's
+fit of its decode and verify steps' times, ``StepCost``: the ``c`` that ``spec_ceiling --token-costs`` takes),
+and how many outputs were the same tokens with speculation on (in bf16 a verify step
 rounds differently from a decode step, so a near-tie may go the other way; in fp32 they all are).
 ``--vllm-python`` then runs the workloads through vLLM without speculation, with its n-gram speculation (prompt
 lookup) and, where that python has ``arctic_inference``, with its suffix decoding, alternating, on the same CPU,
@@ -67,7 +69,9 @@ def engine_calls(engine):
 
 def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: int, speculator=None) -> dict:
     """One run; with speculation, through ``speculator`` where given (its history kept), else a fresh one."""
-    _set_speculation(engine, (speculator or new_speculator(engine)) if on else None)
+    if on and speculator is None:
+        speculator = new_speculator(engine)
+    _set_speculation(engine, speculator if on else None)
     engine.flush_cache()
     before = engine.get_stats()
     started = time.perf_counter()
@@ -77,8 +81,10 @@ def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: 
     delta = {k: after[k] - before[k] for k in ("decode_seconds", "decode_tokens", "spec_verify_steps",
                                                 "spec_draft_tokens", "spec_accepted_tokens")}
     tokens = sum(len(o) for o in outputs)
+    # what a draft token cost this run, against a request's share of a decode step (StepCost, fitted on its steps)
+    token_cost = speculator.cost.token_cost(batch) if on else None
     return dict(workload=name, batch=batch, speculative=on, seed=seed, seconds=seconds, tokens=tokens,
-                outputs=outputs, tok_s=tokens / seconds,
+                outputs=outputs, tok_s=tokens / seconds, token_cost=token_cost,
                 decode_tok_s=delta["decode_tokens"] / delta["decode_seconds"] if delta["decode_seconds"] else 0.0,
                 **{k: delta[k] for k in ("spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")})
 
@@ -103,6 +109,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             decode_speedup=statistics.median(y["decode_tok_s"] / x["decode_tok_s"] for x, y in pairs),
             accept_length=(accepted + steps) / steps if steps else 0.0,
             accept_rate=accepted / drafted if drafted else 0.0,
+            token_cost=statistics.median(r["token_cost"] for r in on),
             same_outputs=f"{same}/{sum(len(x['outputs']) for x, _ in pairs)}"))
     return table
 
@@ -134,7 +141,7 @@ def run_vllm(python: str, model: str, args: argparse.Namespace) -> list[dict]:
 
 def print_table(table: list[dict], vllm: list[dict] | None) -> None:
     head = ("| workload | batch | off tok/s | on tok/s | x | decode off | decode on | decode x | accept length "
-            "| accepted | same tokens |")
+            "| accepted | draft token cost | same tokens |")
     methods = [m for m in ("ngram", "suffix") if vllm and f"{m}_tok_s" in vllm[0]]
     if vllm:
         head += " vLLM off |" + "".join(f" vLLM {m} | vLLM {m} x |" for m in methods)
@@ -144,7 +151,7 @@ def print_table(table: list[dict], vllm: list[dict] | None) -> None:
         line = (f"| {row['workload']} | {row['batch']} | {row['off_tok_s']:.1f} | {row['on_tok_s']:.1f} | "
                 f"{row['speedup']:.2f} | {row['off_decode_tok_s']:.1f} | {row['on_decode_tok_s']:.1f} | "
                 f"{row['decode_speedup']:.2f} | {row['accept_length']:.2f} | {row['accept_rate']:.0%} | "
-                f"{row['same_outputs']} |")
+                f"{row['token_cost']:.2f} | {row['same_outputs']} |")
         if vllm:
             peer = next(v for v in vllm if (v["workload"], v["batch"]) == (row["workload"], row["batch"]))
             line += f" {peer['off_tok_s']:.1f} |" + "".join(
