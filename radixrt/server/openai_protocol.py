@@ -241,6 +241,8 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             content = ""
         elif not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string or a list of text parts")
+        if m.get("name") is not None and not isinstance(m["name"], str):
+            raise RequestError(f"messages[{i}].name must be a string")
         message: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
         for key in _TOOL_KEYS.get(role, ()):
             if m.get(key) is not None:

@@ -104,7 +104,7 @@ MESSAGE_SCHEMA = {
                 "type": {"const": "text"}, "text": {"type": "string"}}}},
             {"type": "null"},
         ]},
-        "name": {"type": "string"},
+        "name": {"anyOf": [{"type": "string"}, {"type": "null"}]},
     },
     # a tool result names the call it answers
     "if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
