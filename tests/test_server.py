@@ -171,6 +171,31 @@ def test_completions_n_and_logprobs(oai):
     assert [c.text for c in again.choices] == [c.text for c in res.choices]  # seeded
 
 
+def test_completions_echo_with_logprobs_scores_the_prompt(oai, http):
+    """Evaluation harnesses score a text with echo, logprobs and max_tokens 0: the prompt's tokens and logprobs
+    (the first has none), equal to /generate's prompt logprobs; with new tokens they follow the prompt's."""
+    prompt = "The capital of France is Paris"
+    native = http.post("/generate", json={"text": prompt, "sampling_params": {**GREEDY, "max_new_tokens": 2},
+                                          "return_logprob": True, "logprob_start_len": 0}).json()
+    want = native["meta_info"]["input_token_logprobs"]
+    scored = oai.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    choice = scored.choices[0]
+    assert choice.text == prompt and "".join(choice.logprobs.tokens) == prompt
+    assert choice.logprobs.token_logprobs[0] is None and len(choice.logprobs.token_logprobs) == len(want)
+    for got, (logprob, _, _) in zip(choice.logprobs.token_logprobs[1:], want[1:]):
+        assert got == pytest.approx(logprob, abs=1e-4)
+    assert choice.logprobs.text_offset[:2] == [0, len(choice.logprobs.tokens[0])]
+    more = oai.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=2, echo=True, logprobs=1,
+                                  temperature=0)
+    c = more.choices[0]
+    assert c.text == prompt + native["text"] and "".join(c.logprobs.tokens) == c.text
+    assert len(c.logprobs.token_logprobs) == len(want) + 2 and all(len(t) <= 1 for t in c.logprobs.top_logprobs[1:])
+    streamed = oai.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=2, echo=True, logprobs=1,
+                                      temperature=0, stream=True)
+    tokens = [t for chunk in streamed for ch in chunk.choices if ch.logprobs for t in ch.logprobs.tokens]
+    assert tokens == c.logprobs.tokens
+
+
 def test_chat_logprobs(oai):
     res = oai.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}],
                                       max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)

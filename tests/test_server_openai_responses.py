@@ -80,3 +80,30 @@ def test_step_latency_histogram():
     for seconds in (0.0005, 0.003, 0.003, 20.0):
         h.observe(seconds)
     assert h.cumulative()[:3] == [1, 1, 3] and h.cumulative()[-1] == 3 and h.count == 4
+
+
+def test_echo_with_logprobs_leads_with_the_prompts_tokens_whole_and_streamed():
+    """Completions with echo and logprobs (scoring a text): the prompt's tokens come first in the choice's
+    logprobs, the first without a logprob, their offsets from the start of the echoed text; a stream sends them
+    once, with its first chunk of logprobs."""
+    whole, streamed = state(), state()
+    for s in (whole, streamed):  # the prompt's logprobs, as its first delta brings them: "c", "ab" (the echo "cab")
+        s.builder.add(StrDelta(rid=s.rid, text="", delta=ReqDelta(
+            rid=s.rid, new_ids=[], prompt_tokens=2, input_logprobs=[(None, 6), (-1.5, 5)],
+            input_top_logprobs=[[], [(-1.0, 7)]])))
+    ans = answer(chat=False, echo=["cab"])
+    ans.echo_logprobs = True
+    cursor, deltas = StreamCursor(), []
+    for token, finish in [(7, None), (6, {"type": "length", "matched": None})]:
+        add(whole, token, finish)
+        add(streamed, token, finish)
+        deltas.append(ans.choice(0, streamed, cursor))
+    choice = ans.choice(0, whole)
+    assert choice["text"] == "cabdec"
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == ["c", "ab", "de", "c"]
+    assert logprobs["token_logprobs"] == [None, -1.5, -0.5, -0.5]
+    assert logprobs["text_offset"] == [0, 1, 3, 5]
+    assert logprobs["top_logprobs"] == [{}, {"de": -1.0}, {"de": -0.25}, {"c": -0.25}]
+    assert [d["logprobs"]["tokens"] for d in deltas] == [["c", "ab", "de"], ["c"]]
+    assert [d["logprobs"]["text_offset"] for d in deltas] == [[0, 1, 3], [5]]

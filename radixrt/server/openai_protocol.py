@@ -168,8 +168,6 @@ def check_completion(req: CompletionRequest) -> list[str | list[int]]:
         raise RequestError("best_of must equal n (or be omitted)")
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
         raise RequestError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
-    if req.echo and req.logprobs is not None:
-        raise RequestError("echo together with logprobs is not supported")
     return completion_prompts(req.prompt)
 
 

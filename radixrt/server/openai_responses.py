@@ -99,6 +99,7 @@ class StreamCursor:
 
     text: int = 0
     logprobs: int = 0
+    prompt_logprobs_sent: bool = False  # completions with echo and logprobs: the prompt's went with a chunk
     done: bool = False
     parsed: ParsedStream | None = None
 
@@ -118,6 +119,7 @@ class OpenAIAnswer:
     want_logprobs: bool
     token_text: Callable[[int], str]
     echo: list[str] | None = None  # completions: the prompt text of each choice, sent before its output
+    echo_logprobs: bool = False  # completions with echo and logprobs: the prompt's tokens lead the logprobs
     include_usage: bool = False  # streams: every chunk has "usage", and a last chunk carries it
     tool_format: ToolCallFormat | None = None  # chat with tools: the output is parsed into calls
     reasoning: ReasoningPlan | None = None  # chat on a reasoning model: the reasoning block apart
@@ -157,7 +159,7 @@ class OpenAIAnswer:
             out["message"] = {"role": "assistant", "content": text}
         else:
             out["text"] = text if stream or not self.echo else self.echo[index] + text
-        out["logprobs"] = self._logprobs(meta, start.logprobs, n_logprobs, start.text)
+        out["logprobs"] = self._logprobs(meta, start.logprobs, n_logprobs, start.text, index, cursor)
         out["finish_reason"] = reason
         if not stream or reason is not None:
             out["matched_stop"] = matched
@@ -193,7 +195,8 @@ class OpenAIAnswer:
         cursor.done = reason is not None
         return out
 
-    def _logprobs(self, meta: dict[str, Any], start: int, end: int, text_offset: int) -> dict[str, Any] | None:
+    def _logprobs(self, meta: dict[str, Any], start: int, end: int, text_offset: int, index: int = 0,
+                  cursor: StreamCursor | None = None) -> dict[str, Any] | None:
         if not self.want_logprobs:
             return None
         entries = meta.get("output_token_logprobs", [])[start:end]
@@ -201,7 +204,18 @@ class OpenAIAnswer:
         tops = tops[start:end] if tops is not None else None
         if self.chat:
             return chat_logprobs(entries, tops, self.token_text)
-        return completion_logprobs(entries, tops, self.token_text, text_offset)
+        if self.echo_logprobs and not (cursor is not None and cursor.prompt_logprobs_sent):
+            # the echoed prompt's tokens first (the first has no logprob), their offsets from the echo's start
+            prompt = meta.get("input_token_logprobs", [])
+            if prompt:
+                entries = prompt + entries
+                if tops is not None:
+                    tops = (meta.get("input_top_logprobs") or [[]] * len(prompt)) + tops
+                if cursor is not None:
+                    cursor.prompt_logprobs_sent = True
+                return completion_logprobs(entries, tops, self.token_text, 0)
+        offset = text_offset + (len(self.echo[index]) if self.echo_logprobs else 0)
+        return completion_logprobs(entries, tops, self.token_text, offset)
 
     # ----- streams ------------------------------------------------------------------------------------
 

@@ -116,7 +116,8 @@ async def completions(tm: TokenizerManager, request: Request) -> Response:
     echo = [await tm.off_loop(tm.tokenizer.decode, one) if req.echo else "" for one in prepared.ids
             for _ in range(req.n)]
     answer = OpenAIAnswer(chat=False, model=model, n=req.n, want_logprobs=req.logprobs is not None,
-                          token_text=tm.token_text, echo=echo, include_usage=_include_usage(req))
+                          token_text=tm.token_text, echo=echo, echo_logprobs=req.echo and req.logprobs is not None,
+                          include_usage=_include_usage(req))
     return await _respond(request, tm, states, answer, req.stream)
 
 
@@ -177,7 +178,9 @@ def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompt
     max_new = oai.completion_max_new_tokens(req)
     sampling = [oai.sampling_dict(req, tm.max_new_tokens_default(len(one)) if max_new is None else max_new)
                 for one in ids]
+    # echo with logprobs: the prompt's logprobs too (scoring a text, as evaluation harnesses do)
     return tm.prepare(GenerateInput(input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs is not None,
+                                    logprob_start_len=0 if req.echo and req.logprobs is not None else None,
                                     top_logprobs_num=req.logprobs or 0, priority=req.priority,
                                     session_params=req.session_params, rid=req.rids()))
 
