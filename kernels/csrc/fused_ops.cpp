@@ -4,7 +4,9 @@
 //
 // Rounding follows the transformers reference step by step: where it rounds an intermediate to the model's
 // dtype (bf16/fp16), so does this code (`round_to<T>`); the arithmetic itself is fp32, a vector at a time.
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>

@@ -9,7 +9,9 @@
 // weights once, overlapping the arithmetic; the block of x stays in L2 while the panels pass. On the AVX2-only
 // CPUs this ran 15-40% faster than oneDNN's prepacked fp32 kernel at every row count from 1 to 2048; on Zen 4
 // 1.5x at 1-2 rows and within 10% either way from 4 to 512 (docs/BENCHMARKS.md).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #if defined(__AVX2__) && defined(__FMA__)

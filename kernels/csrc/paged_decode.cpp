@@ -21,7 +21,10 @@
 //   step per block, pages prefetched a few ahead (from DRAM the kernel otherwise ran at half its speed from
 //   cache), rows in tiles of up to four.
 // Layout as in torch_ref.py: caches are [num_pages, page_size, kv_heads, head_dim].
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -13,7 +13,8 @@
 // vdpbf16ps on CPUs with AVX512-BF16, two FMAs on other AVX-512 CPUs, scalar code elsewhere (for the tests of
 // every CPU; on those CPUs the runtime keeps torch's attention). The softmax is fp32, its weights rounded to bf16
 // before they meet the values, as torch's bf16 flash attention rounds them.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
