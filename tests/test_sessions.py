@@ -465,3 +465,28 @@ def test_openai_chat_agent_keeps_its_conversation_in_a_session(default_model_pat
         assert completion.status_code == 200, completion.text
         assert http.post("/close_session", json={"session_id": session_id}).status_code == 200
         assert _idle(http.get("/get_server_info").json()["stats"])
+
+
+# ----- with speculative decoding ------------------------------------------------------------------------------
+
+def test_speculative_decoding_keeps_a_sessions_tokens_and_its_pin(tiny_llama):
+    """With ``--speculative-algorithm NGRAM`` a session's turns (a continuation by rid, memory pressure between
+    them) give the tokens they give without it; drafts are verified on the way, the pin still serves the next
+    turn from the cache, and closing the session returns every page."""
+    runs = []
+    for extra in ({}, {"speculative_algorithm": "NGRAM"}):
+        h = Harness(tiny_llama, num_pages=32, **extra)
+        s = h.sched.open_session()
+        first = h.gen(prompt(3, 12) * 3, 16, sid(s))  # a text that repeats itself: something to draft from
+        for k in range(3):  # 41 + 4 tokens each: 12 pages, which the 13 pinned ones must not give up
+            h.gen(prompt(100 + k, 41), 4)
+        second = h.gen([7, 8, 9], 16, sid(s, rid=first["rid"]))
+        assert second["cached_tokens"] == (36 + 16 - 1) // P * P  # the first turn's computed context, cached
+        third = h.gen(prompt(3, 12), 16, sid(s, rid=second["rid"]))
+        runs.append([first["ids"], second["ids"], third["ids"]])
+        assert h.sched.close_session(s)
+        h.assert_idle_pages()
+        if extra:
+            spec = h.sched.speculator
+            assert spec.verify_steps > 0 and spec.accepted > 0, (spec.drafted, spec.accepted)
+    assert runs[1] == runs[0]
