@@ -69,6 +69,7 @@ KNOBS = st.builds(
     overlap=st.booleans(),
     speculative=st.booleans(),
     copying=st.booleans(),
+    sessions=st.booleans(),
 )
 
 
@@ -112,6 +113,16 @@ def test_speculative_decoding_matches_solo_runs(world, oracle):
     assert verified > 100 and accepted > verified / 4, (verified, accepted)
     assert sum(r.retractions for r in results) > 0  # memory pressure met speculation too
     assert sum(r.aborts for r in results) > 0
+
+
+def test_sessions_match_solo_runs(world, oracle):
+    """Conversations in sessions (each turn continues the previous one by rid; the session pins its context
+    while pressure, flushes, aborts and preemptions go on around it): outputs equal solo runs of the whole
+    prompts, and once the sessions close nothing is pinned or leaked."""
+    results = [run_seed(Knobs.from_seed(seed, sessions=True, multi_turn=True), world, oracle) for seed in range(12)]
+    assert all(r.ok for r in results), "\n".join(_failure_report(r) for r in results if not r.ok)
+    assert sum(r.session_turns for r in results) > 20
+    assert sum(r.retractions for r in results) > 0 and sum(r.evicted_pages for r in results) > 0
 
 
 # ----- the simulation's checks have teeth ----------------------------------------------------------

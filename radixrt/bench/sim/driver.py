@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from radixrt.bench.sim.oracle import DeltaSink, SoloOracle, build_scheduler, generate_req, same_outcome
 from radixrt.bench.sim.workload import Knobs, SimRequest, Workload, generate
 from radixrt.bench.sim.world import World, load_world
-from radixrt.protocol.messages import AbortReq, ControlReq, FinishReason, FlushCacheReq
+from radixrt.protocol.messages import AbortReq, ControlReq, FinishReason, FlushCacheReq, SessionParams
 
 LATE_ABORT_STEPS = 5  # a "late" abort with k fires 5 * k + 1 steps after submission, whatever the state
 
@@ -50,6 +50,7 @@ class SeedResult:
     launched_steps: int = 0  # decode steps the overlap scheduler launched ahead of their tokens
     spec_verify_steps: int = 0  # speculative decoding: request verify steps
     spec_accepted_tokens: int = 0  # draft tokens that became output
+    session_turns: int = 0  # conversation turns that continued a session's earlier turn by rid
     seconds: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)
 
@@ -93,6 +94,7 @@ class Simulation:
         self.submitted_at: dict[str, int] = {}
         self.armed: dict[str, tuple[str, int]] = {}
         self.reqs: dict = {}  # rid -> the scheduler's Req, captured while it is queued or running
+        self.session_of: dict[str, str] = {}  # rid of a conversation's turn -> its session (``sessions``)
         self.step = 0
 
     # ----- driving --------------------------------------------------------------------------------
@@ -145,7 +147,9 @@ class Simulation:
                 prompt = self.prompts[spec.parent] + self.sink.output(spec.parent) + spec.prompt
             self.prompts[spec.rid] = prompt
             self.submitted_at[spec.rid] = self.step
-            self.scheduler.submit(generate_req(spec, prompt))
+            session = self._session(spec)
+            sent = spec.prompt if session is not None and session.rid is not None else prompt
+            self.scheduler.submit(generate_req(spec, sent, session))
             if spec.abort is not None:
                 if spec.abort[0] == "arrival":
                     self.scheduler.submit(AbortReq(rid=spec.rid))
@@ -153,6 +157,22 @@ class Simulation:
                     self.armed[spec.rid] = spec.abort
         if self.step in self.workload.flush_steps:
             self.scheduler.submit(ControlReq(id=self.step, body=FlushCacheReq()))
+
+    def _session(self, spec: SimRequest) -> SessionParams | None:
+        """With ``sessions``, a conversation's turns run in a session: the first opens it; a later turn continues
+        the previous one by rid (it sends only its message), or, where that one ended without a record (aborted,
+        refused), sends its whole prompt in the session. The world's messages never start with a BOS, which a
+        session would drop."""
+        if not self.knobs.sessions or (spec.parent is None and spec.rid not in self.children):
+            return None
+        if spec.parent is None:
+            self.session_of[spec.rid] = self.scheduler.open_session()
+            return SessionParams(id=self.session_of[spec.rid])
+        session_id = self.session_of[spec.rid] = self.session_of[spec.parent]
+        if self.sink.finished[spec.parent].type in ("stop", "length"):
+            self.result.session_turns += 1
+            return SessionParams(id=session_id, rid=spec.parent)
+        return SessionParams(id=session_id)
 
     def _fire_aborts(self) -> None:
         where = {r.rid: ("waiting", r) for r in self.scheduler.waiting}
@@ -196,6 +216,8 @@ class Simulation:
             if child is not None:
                 self.due.append((self.step + child.arrival, 0, child))
                 self.due.sort(key=lambda item: item[0])
+            elif rid in self.session_of:  # the conversation's last turn: its session closes, its pin goes
+                scheduler.close_session(self.session_of[rid])
         self.sink.newly_finished.clear()
 
     # ----- checks ---------------------------------------------------------------------------------

@@ -57,10 +57,10 @@ def build_scheduler(world: World, knobs: Knobs, num_pages: int, sink: Callable[[
     return scheduler, runner
 
 
-def generate_req(spec: SimRequest, prompt: list[int]) -> GenerateReq:
+def generate_req(spec: SimRequest, prompt: list[int], session: SessionParams | None = None) -> GenerateReq:
     return GenerateReq(rid=spec.rid, input_ids=list(prompt), params=spec.params, return_logprob=spec.return_logprob,
                        logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
-                       grammar=spec.grammar, priority=spec.priority)
+                       grammar=spec.grammar, priority=spec.priority, session=session)
 
 
 @dataclass

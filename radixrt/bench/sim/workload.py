@@ -7,7 +7,8 @@ function of the knobs: the same knobs give the same requests, arrival steps and 
 
 Request shapes (mixed until ``num_requests``): single prompts; few-shot (one long preamble, different
 questions); trees (forks of forks of a document); multi-turn conversations (each turn's prompt is the
-previous turn's prompt + its output + a new message, submitted some steps after the previous turn ends);
+previous turn's prompt + its output + a new message, submitted some steps after the previous turn ends; with
+``sessions``, in a session of their own: a turn sends only its message and continues the previous turn by rid);
 ``n`` > 1 (n requests with the same prompt, seeds ``seed + i``, as the Engine expands them).
 Per request: greedy or seeded sampling (top-k/top-p/min-p), ignore_eos, min_new_tokens, stop strings,
 stop_token_ids, penalties, a regex or choices constraint (or one that does not compile), prompt and output
@@ -60,6 +61,7 @@ class Knobs:
     overlap: bool = False  # the overlap scheduler (decode step N+1 launched before step N is read back)
     speculative: bool = False  # speculative decoding (NGRAM drafts verified in the scheduler's batches)
     copying: bool = False  # the fake model often copies earlier text (so drafts get accepted), solo runs too
+    sessions: bool = False  # a multi-turn conversation runs in a session: later turns continue it by rid
 
     @classmethod
     def from_seed(cls, seed: int, **overrides) -> "Knobs":
@@ -88,7 +90,8 @@ class Knobs:
         knobs = knobs.replace(priorities=random.Random(f"priorities-{seed}").random() < 0.5,
                               overlap=random.Random(f"overlap-{seed}").random() < 0.5)
         speculative = random.Random(f"speculative-{seed}").random() < 0.5
-        knobs = knobs.replace(speculative=speculative, copying=speculative)
+        knobs = knobs.replace(speculative=speculative, copying=speculative,
+                              sessions=random.Random(f"sessions-{seed}").random() < 0.5)
         return knobs.replace(**overrides)
 
     def replace(self, **changes) -> "Knobs":
