@@ -33,6 +33,9 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("RADIXRT_DISABLE_PACKED_LINEAR", "0", "1: CPU linear layers run F.linear on unpacked weights"),
     EnvVar("RADIXRT_DISABLE_MALLOC_TUNING", "0", "1: leave glibc's allocator settings alone"),
     EnvVar("RADIXRT_TRITON_AUTOTUNE", "1", "0: Triton kernels launch one fixed config instead of autotuning"),
+    EnvVar("RADIXRT_TORCH_PROFILER_DIR", None, "where the server's /start_profile writes traces when the request "
+           "names no folder (unset: SGLANG_TORCH_PROFILER_DIR, else /tmp)"),
+    EnvVar("SGLANG_TORCH_PROFILER_DIR", None, "SGLang's name for RADIXRT_TORCH_PROFILER_DIR, read after it"),
 ]}
 
 

@@ -238,10 +238,10 @@ def test_decodes_wait_for_prefill_unless_mixed_chunk(default_model_path, mixed):
 
 
 def test_profile_sees_the_scheduler_threads_operators(engine, tmp_path):
-    with pytest.raises(RuntimeError, match="no profile is running"):
+    with pytest.raises(ValueError, match="no profile is running"):
         engine.stop_profile()
     engine.start_profile()
-    with pytest.raises(RuntimeError, match="already running"):
+    with pytest.raises(ValueError, match="already running"):
         engine.start_profile()
     engine.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0})
     ops = engine.stop_profile(trace_dir=str(tmp_path))

@@ -75,6 +75,8 @@ def test_the_dsl_endpoint_passes_its_key(server):
 def test_control_routes_need_the_admin_key(server, http):
     assert http.post("/flush_cache").status_code == 401
     assert http.post("/abort_request", json={"abort_all": True}).status_code == 401
+    assert http.post("/start_profile", json={"output_dir": "/tmp/radixrt-not-written"}).status_code == 401
+    assert http.get("/stop_profile").status_code == 401
     admin = auth(ADMIN)
     assert httpx.post(server.url + "/flush_cache", headers=admin).status_code == 200
     assert httpx.post(server.url + "/abort_request", headers=admin, json={"abort_all": True}).status_code == 200

@@ -211,17 +211,25 @@ class CloseSessionOut(msgspec.Struct, tag=True):
 
 
 class StartProfileReq(msgspec.Struct, tag=True):
-    """torch.profiler on the scheduler's thread, from its next step on."""
+    """torch.profiler on the scheduler's thread, from its next step on (radixrt.scheduler.profiler)."""
+
+    trace_dir: str | None = None  # where the trace goes when the profile stops without a folder of its own
+    num_steps: int | None = None  # stop by itself after this many steps with a forward
+    record_shapes: bool = False
+    with_stack: bool = False
+    profile_memory: bool = False
+    cuda: bool = False  # record CUDA kernels too (where CUDA is available)
 
 
 class StopProfileReq(msgspec.Struct, tag=True):
-    trace_dir: str | None = None  # where to write a Chrome trace, if anywhere
+    trace_dir: str | None = None  # where to write a Chrome trace (else the start's folder, if any)
 
 
 class ProfileOut(msgspec.Struct, tag=True):
-    """Each operator's self CPU seconds and calls while the profiler ran (empty for a start)."""
+    """Each operator's self CPU seconds and calls while the profiler ran (empty for a start), and the trace written."""
 
     operators: dict[str, dict[str, float]]
+    trace_path: str | None = None
 
 
 Control = Union[StatsReq, FlushCacheReq, OpenSessionReq, CloseSessionReq, StartProfileReq, StopProfileReq]

@@ -57,12 +57,13 @@ def _close_session(scheduler: Scheduler, req: CloseSessionReq) -> CloseSessionOu
 
 
 def _start_profile(scheduler: Scheduler, req: StartProfileReq) -> ProfileOut:
-    scheduler.profiler.start()
+    scheduler.profiler.start(req)
     return ProfileOut({})
 
 
 def _stop_profile(scheduler: Scheduler, req: StopProfileReq) -> ProfileOut:
-    return ProfileOut(scheduler.profiler.stop(req.trace_dir))
+    operators = scheduler.profiler.stop(req.trace_dir)
+    return ProfileOut(operators, scheduler.profiler.last_trace)
 
 
 HANDLERS: dict[type, Callable[[Any, Any], Any]] = {

@@ -252,6 +252,7 @@ class Scheduler:
         busy = self._step(started)
         if busy:
             self.step_latency.observe(time.perf_counter() - started)
+            self.profiler.step()
         return busy
 
     def _step(self, started: float) -> bool:

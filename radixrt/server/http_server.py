@@ -1,8 +1,8 @@
 """The HTTP app: SGLang's native API and the OpenAI-compatible API over one TokenizerManager.
 
 Native:  POST /generate, GET /get_model_info, GET /get_server_info, GET|POST /flush_cache, POST /abort_request,
-         sessions (radixrt.server.native_routes); POST /tokenize, /detokenize, also under /v1/
-         (radixrt.server.tokenize_routes)
+         sessions, GET|POST /start_profile and /stop_profile (radixrt.server.native_routes); POST /tokenize,
+         /detokenize, also under /v1/ (radixrt.server.tokenize_routes)
 OpenAI:  POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model}
          (radixrt.server.openai_routes); POST /v1/embeddings (radixrt.server.embedding_routes)
 Ops:     GET /health, GET /health_generate, GET /metrics (Prometheus text), GET /openapi.json

@@ -1,5 +1,5 @@
-"""Request bodies of SGLang's native API (/generate, /abort_request, /open_session, /close_session, /tokenize,
-/detokenize), as msgspec structs (unknown fields refused).
+"""Request bodies of SGLang's native API (/generate, /abort_request, /open_session, /close_session, /start_profile,
+/tokenize, /detokenize), as msgspec structs (unknown fields refused).
 
 ``GenerateBody`` also declares every other field of SGLang's GenerateReqInput, from the rule table
 ``radixrt.server.sglang_compat.GENERATE`` (ignored, or refused unless it asks for nothing); the route checks
@@ -12,7 +12,7 @@ under one key) is checked by the runtime's request path (radixrt.protocol.reques
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -76,6 +76,22 @@ class OpenSessionBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class CloseSessionBody(msgspec.Struct, forbid_unknown_fields=True):
     session_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class StartProfileBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's ProfileReqInput: the folder of the trace (default: $RADIXRT_TORCH_PROFILER_DIR, else SGLang's
+    $SGLANG_TORCH_PROFILER_DIR, else /tmp), the steps to record before stopping by itself (default: until
+    /stop_profile), what to record (CPU operators always; GPU: CUDA kernels where there is a GPU; MEM: tensor
+    memory), stacks and shapes. SGLang's other fields are accepted where they ask for nothing."""
+
+    output_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
+    num_steps: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
+    activities: list[Literal["CPU", "GPU", "MEM"]] | None = None
+    with_stack: bool | None = None
+    record_shapes: bool | None = None
+    start_step: Annotated[int, msgspec.Meta(ge=0, le=0)] | None = None  # recording starts at the next step
+    profile_by_stage: Literal[False] | None = None
+    merge_profiles: Literal[False] | None = None
 
 
 

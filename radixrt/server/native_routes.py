@@ -1,6 +1,7 @@
 """SGLang's native API: POST /generate, GET /model_info and /get_model_info, GET /server_info and
 /get_server_info, GET|POST /flush_cache, POST /abort_request, POST /open_session and /close_session (sessions:
-radixrt.scheduler.sessions; /generate's ``session_params`` names one).
+radixrt.scheduler.sessions; /generate's ``session_params`` names one), GET|POST /start_profile and /stop_profile
+(torch.profiler on the scheduler's thread: radixrt.scheduler.profiler; admin routes, since they write files).
 
 /generate takes the Engine's arguments (radixrt.server.native_protocol.GenerateBody) through the runtime's
 one request path (the client's ``prepare``, off the event loop) and answers the Engine's dict per request:
@@ -23,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 import radixrt
+from radixrt import env
 from radixrt.protocol.errors import RequestError
 from radixrt.server import sglang_compat
 from radixrt.server.client_wait import gather, wait_any
@@ -36,9 +38,16 @@ from radixrt.server.http_common import (
     sse,
 )
 from radixrt.server.model_card import model_card
-from radixrt.server.native_protocol import AbortBody, CloseSessionBody, GenerateBody, OpenSessionBody
+from radixrt.server.native_protocol import AbortBody, CloseSessionBody, GenerateBody, OpenSessionBody, StartProfileBody
 from radixrt.client import Handle
-from radixrt.protocol.messages import CloseSessionReq, FlushCacheReq, OpenSessionReq, StatsReq
+from radixrt.protocol.messages import (
+    CloseSessionReq,
+    FlushCacheReq,
+    OpenSessionReq,
+    StartProfileReq,
+    StatsReq,
+    StopProfileReq,
+)
 from radixrt.server.tokenizer_manager import TokenizerManager
 
 
@@ -52,6 +61,8 @@ def add_native_routes(app: FastAPI, tm: TokenizerManager) -> None:
     route(app, "/abort_request", ["POST"], abort_request, tm)
     route(app, "/open_session", ["POST"], open_session, tm)
     route(app, "/close_session", ["POST"], close_session, tm)
+    route(app, "/start_profile", ["GET", "POST"], start_profile, tm)
+    route(app, "/stop_profile", ["GET", "POST"], stop_profile, tm)
 
 
 async def generate(tm: TokenizerManager, request: Request) -> Response:
@@ -136,6 +147,27 @@ async def close_session(tm: TokenizerManager, request: Request) -> Response:
     body = decode_request(await request.body(), CloseSessionBody)
     await tm.call(CloseSessionReq(body.session_id))
     return Response(status_code=200, media_type="text/plain")
+
+
+async def start_profile(tm: TokenizerManager, request: Request) -> Response:
+    """SGLang's /start_profile: torch.profiler from the scheduler's next step on, until /stop_profile or
+    ``num_steps`` steps with a forward; 400 while a profile runs."""
+    raw = await request.body()
+    body = decode_request(raw, StartProfileBody) if raw.strip() else StartProfileBody()
+    activities = body.activities if body.activities is not None else ["CPU", "GPU"]  # SGLang's default
+    folder = (body.output_dir or env.get("RADIXRT_TORCH_PROFILER_DIR") or env.get("SGLANG_TORCH_PROFILER_DIR")
+              or "/tmp")
+    await tm.call(StartProfileReq(trace_dir=folder, num_steps=body.num_steps, record_shapes=bool(body.record_shapes),
+                                  with_stack=bool(body.with_stack), profile_memory="MEM" in activities,
+                                  cuda="GPU" in activities))
+    return Response("Start profiling.\n", media_type="text/plain")
+
+
+async def stop_profile(tm: TokenizerManager, request: Request) -> Response:
+    """SGLang's /stop_profile: the trace is written where the start said; 400 when no profile runs (one started
+    with ``num_steps`` stops by itself)."""
+    out = await tm.call(StopProfileReq(), timeout=600.0)  # a long profile's trace takes a while to write
+    return Response(f"Stop profiling. The trace is in {out.trace_path}.\n", media_type="text/plain")
 
 
 async def abort_request(tm: TokenizerManager, request: Request) -> Response:

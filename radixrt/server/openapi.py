@@ -29,6 +29,7 @@ from radixrt.server.native_protocol import (
     DetokenizeBody,
     GenerateBody,
     OpenSessionBody,
+    StartProfileBody,
     TokenizeBody,
 )
 
@@ -89,7 +90,7 @@ BOUNDS: dict[str, dict[str, Any]] = {
     "priority": {"minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
 }
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
-STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, oai.CompletionRequest, oai.ChatCompletionRequest,
+STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProfileBody, oai.CompletionRequest, oai.ChatCompletionRequest,
            TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, ErrorResponse]
 
 
@@ -328,6 +329,14 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
                                        "returns its id as a JSON string", "OpenSessionBody", json_ok, 400, 409, 503)},
         "/close_session": {"post": post("close a session (an unknown one too)", "CloseSessionBody",
                                         {"text/plain": {"schema": {"type": "string"}}}, 400, 503)},
+        "/start_profile": {
+            "get": get("start torch.profiler on the scheduler (trace in $RADIXRT_TORCH_PROFILER_DIR, else /tmp)",
+                       text_ok, 400, 503),
+            "post": {**post("start torch.profiler on the scheduler: its trace's folder, steps and activities",
+                            "StartProfileBody", text_ok, 400, 503),
+                     "requestBody": {**_json_body("StartProfileBody"), "required": False}}},
+        "/stop_profile": {m: get("stop the profiler and write its trace (400 when none runs)", text_ok, 400, 503)
+                          for m in ("get", "post")},
         "/health": {"get": get("200 while every process is alive", json_ok, 503)},
         "/health_generate": {"get": get("200 once a one-token generation went through the scheduler", json_ok,
                                         503)},

@@ -18,7 +18,7 @@ import msgspec
 from radixrt.bench.sim.fake_runner import FakeRunner
 from radixrt.bench.sim.workload import Knobs, SimRequest
 from radixrt.bench.sim.world import World
-from radixrt.protocol.messages import BatchTokenOut, ControlOut, FinishReason, GenerateReq, ReqDelta
+from radixrt.protocol.messages import BatchTokenOut, ControlOut, FinishReason, GenerateReq, ReqDelta, SessionParams
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.server_args import ServerArgs
 
