@@ -213,6 +213,20 @@ def test_prefix_hit_on_a_full_pool_waits_instead_of_crashing_the_step(world, ora
     assert scheduler.pool.num_free + scheduler.cache.evictable_pages == 20
 
 
+def test_every_pin_yields_when_the_oldest_is_shared_with_a_running_turn(world, oracle):
+    """A session's next turn runs on its previous context, which the session pins too; another session pins
+    seven pages more recently. The running turn needs four more pages: releasing the oldest pin freed nothing
+    (the turn holds the same path), and the scheduler stopped there and raised OutOfPagesError for a request
+    that fits once the other pin goes. Pins are now released until the room is there or none is left."""
+    knobs = Knobs(seed=300166, num_requests=12, page_size=4, oversubscription=10.0, chunked_prefill_size=2048,
+                  schedule_policy="fcfs", enable_mixed_chunk=True, partial_page_reuse=False, jump_forward=False,
+                  max_running_requests=4, max_new_tokens=4, arrival_span=0, flushes=False, priorities=True,
+                  sessions=True)
+    result = run_seed(knobs, world, oracle)
+    assert result.ok, _failure_report(result)
+    assert result.session_turns > 0
+
+
 def test_a_preempted_constrained_request_re_tokenises_as_it_would_alone(world, oracle):
     """A choices request ("alpha beta gamma" / "alpha beta delta" / "omega") jumps forward to "alpha beta " and is
     preempted by an urgent request before those tokens are sent. Had its pages gone into the tree with them, they

@@ -153,8 +153,11 @@ class Admission:
         wanted = self._pages_wanted(req, len(match.pages))
         # Measured after the hold: the matched pages are no longer evictable, so they are not room.
         short = wanted - (self.memory.available_pages - committed)
-        if 0 < short <= self.cache.protected_pages and not alone and self.memory.unpin is not None:
-            self.memory.unpin(short)  # sessions' pins yield to a request that needs the room
+        # Sessions' pins yield to a request that needs the room; one whose path a running turn also holds frees
+        # nothing, so the next least recently used goes too, until the room is there or no pin is left.
+        while (0 < short <= self.cache.protected_pages and not alone and self.memory.unpin is not None
+               and self.memory.unpin(short)):
+            short = wanted - (self.memory.available_pages - committed)
         if wanted > self.memory.available_pages - committed and not alone:
             self.memory.unhold(match.node)
             return None

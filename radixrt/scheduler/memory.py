@@ -83,12 +83,13 @@ class Memory:
 
     def _make_room(self, plan: Plan) -> int:
         """Evict cached pages, then release sessions' pins and evict again, until ``plan`` fits; the pages still
-        short."""
+        short. A pin can free fewer pages than it held (a running turn of its session holds the same path), so
+        pins are released until the plan fits or none is left."""
         short = self._pages_short(plan)
         if short > 0:
             self.cache.evict(short)
             short = self._pages_short(plan)
-        if short > 0 and self.unpin is not None and self.unpin(short):
+        while short > 0 and self.unpin is not None and self.unpin(short):
             self.cache.evict(short)
             short = self._pages_short(plan)
         return short
