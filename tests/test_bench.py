@@ -221,6 +221,9 @@ def test_cpu_step_bench_runs_every_section(capsys):
     out = capsys.readouterr().out
     assert "decode step, batch 2, context 16: forward median" in out and "nn.Module call median" in out
     assert InferenceModule.__call__ is straight  # the switch is put back
+    cpu_step_bench.main(["--batch", "2", "--prompt-len", "16", "--repeats", "1", "--ab-bound-attributes"])
+    out = capsys.readouterr().out
+    assert "decode step, batch 2, context 16: bound median" in out and "nn.Module lookup median" in out
 
 
 @pytest.mark.model

@@ -23,3 +23,32 @@ def test_every_layer_is_an_inference_module_and_hooks_are_not_run(tmp_path):
         handle.remove()
     assert seen == []  # nn.Module.__call__ would have run each hook
     torch.testing.assert_close(got, want)  # and the forward is what it was
+
+
+def test_bound_attributes_are_the_registered_ones_and_stay_in_step(tmp_path):
+    """Once the model is final its weights and submodules are plain attributes (no nn.Module.__getattr__), the
+    very objects nn.Module registered; assigning or deleting one afterwards keeps both views the same."""
+    save_tiny_model("llama", tmp_path)
+    runner = ModelRunner(tmp_path, dtype="float32", num_pages=16, page_size=4)
+    model = runner.model
+    for module in model.modules():
+        if isinstance(module, InferenceModule):
+            for registry in (module._parameters, module._buffers, module._modules):
+                for name, value in registry.items():
+                    assert module.__dict__[name] is value, (type(module).__name__, name)
+    norm = model.layers[0].input_layernorm
+    before = runner.forward(ForwardBatch.build([SeqChunk([1, 5, 9, 30, 2], 0, [1, 2])], 4))
+    original = norm.weight
+    norm.weight = nn.Parameter(torch.zeros_like(original), requires_grad=False)
+    assert norm.weight is norm._parameters["weight"] is norm.__dict__["weight"]
+    changed = runner.forward(ForwardBatch.build([SeqChunk([1, 5, 9, 30, 2], 0, [3, 4])], 4))
+    assert not torch.equal(changed, before)  # the forward reads the new weight
+    norm.weight = original
+    torch.testing.assert_close(runner.forward(ForwardBatch.build([SeqChunk([1, 5, 9, 30, 2], 0, [5, 6])], 4)), before)
+    norm.register_buffer("probe", torch.ones(1))  # registered after binding: found through nn.Module
+    norm.probe = torch.zeros(1)
+    assert norm.probe is norm._buffers["probe"]
+    del norm.probe
+    assert "probe" not in norm.__dict__ and not hasattr(norm, "probe")
+    model.bind_attributes(False)
+    assert "weight" not in norm.__dict__ and norm.weight is original  # nn.Module's lookup again

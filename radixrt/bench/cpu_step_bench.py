@@ -11,7 +11,8 @@ for the effect of each. ``--ab-packed-linear`` instead times the linear layers o
 on oneDNN's prepacked kernel and on plain ``F.linear`` interleaved in one process (three runners), which this
 VM's drift between runs makes the fairer comparison;
 ``--ab-fused-ops`` does the same for the fused C++ element-wise ops against the torch ops they replace, and
-``--ab-module-call`` for the layers called straight through their forward against nn.Module's call.
+``--ab-module-call`` for the layers called straight through their forward against nn.Module's call, and
+``--ab-bound-attributes`` for weights and submodules read as plain attributes against nn.Module's lookup.
 """
 
 from __future__ import annotations
@@ -64,7 +65,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="only compare the fused C++ element-wise ops vs torch ops, interleaved")
     parser.add_argument("--ab-module-call", action="store_true",
                         help="only compare layers called through forward vs nn.Module.__call__, interleaved")
+    parser.add_argument("--ab-bound-attributes", action="store_true",
+                        help="only compare weights and submodules as plain attributes vs nn.Module's lookup")
     args = parser.parse_args(argv)
+    if args.ab_bound_attributes:
+        _ab_bound_attributes(args)
+        return
     if args.ab_module_call:
         _ab_module_call(args)
         return
@@ -196,6 +202,18 @@ def _ab_module_call(args) -> None:
         _time_interleaved(args, {"forward": (runner, use(straight)), "nn.Module call": (runner, use(nn.Module.__call__))})
     finally:
         InferenceModule.__call__ = straight
+
+
+def _ab_bound_attributes(args) -> None:
+    """One runner, its layers' parameters, buffers and submodules read as plain attributes
+    (``InferenceModule.bind_attributes``) and through nn.Module's ``__getattr__`` in turn."""
+    runner = _ab_runner(args)
+    print(f"{args.dtype}, {torch.get_num_threads()} threads")
+    try:
+        _time_interleaved(args, {"bound": (runner, lambda: runner.model.bind_attributes(True)),
+                                 "nn.Module lookup": (runner, lambda: runner.model.bind_attributes(False))})
+    finally:
+        runner.model.bind_attributes(True)
 
 
 def _time_interleaved(args, variants: dict[str, tuple[ModelRunner, Callable[[], None]]]) -> None:

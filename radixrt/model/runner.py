@@ -147,6 +147,7 @@ class ModelRunner:
         self.model.to(self.dtype)
         self.model.eval()
         self.packed_linears = self.model.pack_linear_weights() if self.device.type == "cpu" else 0
+        self.model.bind_attributes()  # the model is final: its weights are read as plain attributes
         layout = KVLayout(
             num_layers=self.config.num_hidden_layers,
             kv_heads=self.config.num_key_value_heads * kv_replicas(self.config, tp.size) // tp.size,
