@@ -1,4 +1,5 @@
-"""radixrt's model layers are called straight through their forward: no nn.Module hook machinery per call."""
+"""radixrt's model layers are called straight through their forward (no nn.Module hook machinery per call), and
+read their weights and submodules as plain attributes once the model is final."""
 
 import torch
 from torch import nn
