@@ -68,6 +68,18 @@ def test_a_profile_of_num_steps_stops_by_itself(http, tmp_path, no_profile_left)
     assert len(traces(tmp_path)) == 2
 
 
+def test_what_sglang_profiler_sends_is_taken(http, tmp_path, no_profile_left):
+    """sglang.profiler's body: counts as strings, every field named, a file-name prefix."""
+    body = {"output_dir": str(tmp_path), "num_steps": "1", "activities": ["CPU", "GPU"], "profile_by_stage": False,
+            "merge_profiles": False, "profile_prefix": "bench-1", "start_step": "0"}
+    assert http.post("/start_profile", json=body).status_code == 200
+    generate(http, tokens=2)
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob("bench-1-*.trace.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(list(tmp_path.glob("bench-1-*.trace.json"))) == 1
+
+
 def test_without_a_folder_the_trace_goes_to_the_default_one(http, no_profile_left):
     assert http.get("/start_profile").status_code == 200  # no body: SGLang's defaults
     generate(http, tokens=2)
@@ -80,9 +92,10 @@ def test_without_a_folder_the_trace_goes_to_the_default_one(http, no_profile_lef
 
 
 @pytest.mark.parametrize("body", [
-    {"num_steps": 0}, {"num_steps": "2"}, {"activities": ["CPU", "TPU"]}, {"activities": "CPU"},
-    {"profile_by_stage": True}, {"merge_profiles": True}, {"start_step": 3}, {"output_dir": ""},
-    {"with_stack": "yes"}, {"profile_everything": True},
+    {"num_steps": 0}, {"num_steps": "0"}, {"num_steps": "two"}, {"activities": ["CPU", "TPU"]},
+    {"activities": "CPU"}, {"profile_by_stage": True}, {"merge_profiles": True}, {"start_step": 3},
+    {"start_step": "3"}, {"output_dir": ""}, {"with_stack": "yes"}, {"profile_prefix": "../up"},
+    {"profile_everything": True},
 ], ids=lambda body: next(iter(body)))
 def test_bad_bodies_are_a_400_and_start_nothing(http, tmp_path, body, no_profile_left):
     response = http.post("/start_profile", json=body)

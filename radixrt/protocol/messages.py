@@ -219,6 +219,7 @@ class StartProfileReq(msgspec.Struct, tag=True):
     with_stack: bool = False
     profile_memory: bool = False
     cuda: bool = False  # record CUDA kernels too (where CUDA is available)
+    prefix: str = "radixrt"  # of the trace file's name: PREFIX-<ns>.trace.json
 
 
 class StopProfileReq(msgspec.Struct, tag=True):

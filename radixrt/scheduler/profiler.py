@@ -77,7 +77,7 @@ class StepProfiler:
                 os.makedirs(folder, exist_ok=True)
             except OSError as exc:
                 raise RequestError(f"cannot write the trace into {folder!r}: {exc.strerror or exc}") from None
-            path = os.path.join(folder, f"radixrt-{time.time_ns()}.trace.json")
+            path = os.path.join(folder, f"{self._options.prefix}-{time.time_ns()}.trace.json")
             profile.export_chrome_trace(path)
             self.last_trace = path
         return {event.key: {"self_cpu_s": event.self_cpu_time_total / 1e6, "calls": event.count}

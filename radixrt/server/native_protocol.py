@@ -78,20 +78,29 @@ class CloseSessionBody(msgspec.Struct, forbid_unknown_fields=True):
     session_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
 
+StepCount = Annotated[str, msgspec.Meta(pattern=r"^[1-9][0-9]{0,5}$")]
+
+
 class StartProfileBody(msgspec.Struct, forbid_unknown_fields=True):
     """SGLang's ProfileReqInput: the folder of the trace (default: $RADIXRT_TORCH_PROFILER_DIR, else SGLang's
     $SGLANG_TORCH_PROFILER_DIR, else /tmp), the steps to record before stopping by itself (default: until
     /stop_profile), what to record (CPU operators always; GPU: CUDA kernels where there is a GPU; MEM: tensor
-    memory), stacks and shapes. SGLang's other fields are accepted where they ask for nothing."""
+    memory), stacks and shapes, the trace file's name prefix. SGLang's other fields are accepted where they ask for nothing."""
 
     output_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
-    num_steps: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None
+    # sglang.profiler sends the counts as strings ("5")
+    num_steps: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | StepCount | None = None
     activities: list[Literal["CPU", "GPU", "MEM"]] | None = None
     with_stack: bool | None = None
     record_shapes: bool | None = None
-    start_step: Annotated[int, msgspec.Meta(ge=0, le=0)] | None = None  # recording starts at the next step
+    profile_prefix: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] | None = None  # file names
+    start_step: Annotated[int, msgspec.Meta(ge=0, le=0)] | Literal["0"] | None = None  # recording starts now
     profile_by_stage: Literal[False] | None = None
     merge_profiles: Literal[False] | None = None
+
+    @property
+    def steps(self) -> int | None:
+        return int(self.num_steps) if self.num_steps is not None else None
 
 
 

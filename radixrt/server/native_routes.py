@@ -151,15 +151,16 @@ async def close_session(tm: TokenizerManager, request: Request) -> Response:
 
 async def start_profile(tm: TokenizerManager, request: Request) -> Response:
     """SGLang's /start_profile: torch.profiler from the scheduler's next step on, until /stop_profile or
-    ``num_steps`` steps with a forward; 400 while a profile runs."""
+    ``num_steps`` steps with a forward; 400 while a profile runs. It answers at once (SGLang's answers a
+    ``num_steps`` profile once its trace is written)."""
     raw = await request.body()
     body = decode_request(raw, StartProfileBody) if raw.strip() else StartProfileBody()
     activities = body.activities if body.activities is not None else ["CPU", "GPU"]  # SGLang's default
     folder = (body.output_dir or env.get("RADIXRT_TORCH_PROFILER_DIR") or env.get("SGLANG_TORCH_PROFILER_DIR")
               or "/tmp")
-    await tm.call(StartProfileReq(trace_dir=folder, num_steps=body.num_steps, record_shapes=bool(body.record_shapes),
+    await tm.call(StartProfileReq(trace_dir=folder, num_steps=body.steps, record_shapes=bool(body.record_shapes),
                                   with_stack=bool(body.with_stack), profile_memory="MEM" in activities,
-                                  cuda="GPU" in activities))
+                                  cuda="GPU" in activities, prefix=body.profile_prefix or "radixrt"))
     return Response("Start profiling.\n", media_type="text/plain")
 
 
