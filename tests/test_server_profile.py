@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 from shared_server import ARGS
 
@@ -52,31 +54,35 @@ def test_start_and_stop_write_a_trace_where_asked(http, tmp_path, no_profile_lef
     assert generate(http)["text"] == expected
 
 
-def test_a_profile_of_num_steps_stops_by_itself(http, tmp_path, no_profile_left):
-    assert http.post("/start_profile", json={"output_dir": str(tmp_path), "num_steps": 2}).status_code == 200
-    generate(http, tokens=6)
-    deadline = time.monotonic() + 30
-    while not traces(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(traces(tmp_path)) == 1
+def start_with_steps(http, body: dict, tokens: int = 6) -> httpx.Response:
+    """A ``num_steps`` start is answered once its profile ended: it runs beside the traffic that ends it."""
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(http.post, "/start_profile", json=body)
+        time.sleep(0.5)
+        while not answer.done():
+            generate(http, tokens=tokens)
+        return answer.result()
+
+
+def test_a_profile_of_num_steps_stops_by_itself_and_answers_then(http, tmp_path, no_profile_left):
+    answer = start_with_steps(http, {"output_dir": str(tmp_path), "num_steps": 2})
+    assert answer.status_code == 200, answer.text
+    [trace] = traces(tmp_path)
+    assert answer.text == f"Start profiling.\nThe trace is in {trace}.\n"
     assert http.post("/stop_profile").status_code == 400  # it stopped already
-    assert http.post("/start_profile", json={"output_dir": str(tmp_path), "num_steps": 1}).status_code == 200
-    generate(http, tokens=2)
-    deadline = time.monotonic() + 30
-    while len(traces(tmp_path)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    assert start_with_steps(http, {"output_dir": str(tmp_path), "num_steps": 1}, tokens=2).status_code == 200
     assert len(traces(tmp_path)) == 2
+    unwritable = tmp_path / "a-file"
+    unwritable.write_text("")
+    failed = start_with_steps(http, {"output_dir": str(unwritable / "traces"), "num_steps": 1}, tokens=2)
+    assert failed.status_code == 400 and "could not be written" in failed.json()["error"]["message"]
 
 
 def test_what_sglang_profiler_sends_is_taken(http, tmp_path, no_profile_left):
     """sglang.profiler's body: counts as strings, every field named, a file-name prefix."""
     body = {"output_dir": str(tmp_path), "num_steps": "1", "activities": ["CPU", "GPU"], "profile_by_stage": False,
             "merge_profiles": False, "profile_prefix": "bench-1", "start_step": "0"}
-    assert http.post("/start_profile", json=body).status_code == 200
-    generate(http, tokens=2)
-    deadline = time.monotonic() + 30
-    while not list(tmp_path.glob("bench-1-*.trace.json")) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    assert start_with_steps(http, body, tokens=2).status_code == 200
     assert len(list(tmp_path.glob("bench-1-*.trace.json"))) == 1
 
 

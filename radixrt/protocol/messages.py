@@ -226,6 +226,15 @@ class StopProfileReq(msgspec.Struct, tag=True):
     trace_dir: str | None = None  # where to write a Chrome trace (else the start's folder, if any)
 
 
+class ProfileStateReq(msgspec.Struct, tag=True):
+    """Whether a profile runs, and the latest trace written."""
+
+
+class ProfileStateOut(msgspec.Struct, tag=True):
+    running: bool
+    last_trace: str | None = None
+
+
 class ProfileOut(msgspec.Struct, tag=True):
     """Each operator's self CPU seconds and calls while the profiler ran (empty for a start), and the trace written."""
 
@@ -233,8 +242,9 @@ class ProfileOut(msgspec.Struct, tag=True):
     trace_path: str | None = None
 
 
-Control = Union[StatsReq, FlushCacheReq, OpenSessionReq, CloseSessionReq, StartProfileReq, StopProfileReq]
-ControlReply = Union[StatsOut, FlushCacheOut, OpenSessionOut, CloseSessionOut, ProfileOut]
+Control = Union[StatsReq, FlushCacheReq, OpenSessionReq, CloseSessionReq, StartProfileReq, StopProfileReq,
+                ProfileStateReq]
+ControlReply = Union[StatsOut, FlushCacheOut, OpenSessionOut, CloseSessionOut, ProfileOut, ProfileStateOut]
 
 
 class ControlReq(msgspec.Struct, tag=True):

@@ -26,6 +26,8 @@ from radixrt.protocol.messages import (
     OpenSessionOut,
     OpenSessionReq,
     ProfileOut,
+    ProfileStateOut,
+    ProfileStateReq,
     StartProfileReq,
     StatsOut,
     StatsReq,
@@ -66,9 +68,13 @@ def _stop_profile(scheduler: Scheduler, req: StopProfileReq) -> ProfileOut:
     return ProfileOut(operators, scheduler.profiler.last_trace)
 
 
+def _profile_state(scheduler: Scheduler, req: ProfileStateReq) -> ProfileStateOut:
+    return ProfileStateOut(scheduler.profiler.running, scheduler.profiler.last_trace)
+
+
 HANDLERS: dict[type, Callable[[Any, Any], Any]] = {
     StatsReq: _stats, FlushCacheReq: _flush, OpenSessionReq: _open_session, CloseSessionReq: _close_session,
-    StartProfileReq: _start_profile, StopProfileReq: _stop_profile,
+    StartProfileReq: _start_profile, StopProfileReq: _stop_profile, ProfileStateReq: _profile_state,
 }
 
 

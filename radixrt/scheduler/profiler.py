@@ -60,7 +60,9 @@ class StepProfiler:
             try:
                 self.stop()
                 logger.info("profile of %d steps written to %s", self._steps, self.last_trace)
-            except Exception:  # a trace that cannot be written must not stop the scheduler
+            except RequestError as exc:  # a folder that cannot be made: the profile ends without its trace
+                logger.warning("the profile's trace was not written: %s", exc)
+            except Exception:  # nor may anything else about a trace stop the scheduler
                 logger.exception("writing the profile's trace failed")
 
     def stop(self, trace_dir: str | None = None) -> dict[str, dict[str, float]]:

@@ -16,6 +16,7 @@ worker: ``model_path``, ``served_model_name`` (the model id it lists) and, in /m
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any, AsyncIterator
 
@@ -44,11 +45,15 @@ from radixrt.protocol.messages import (
     CloseSessionReq,
     FlushCacheReq,
     OpenSessionReq,
+    ProfileStateReq,
     StartProfileReq,
     StatsReq,
     StopProfileReq,
 )
 from radixrt.server.tokenizer_manager import TokenizerManager
+
+
+PROFILE_POLL_SECONDS = 0.05  # how often a num_steps /start_profile asks whether its profile has ended
 
 
 def add_native_routes(app: FastAPI, tm: TokenizerManager) -> None:
@@ -151,8 +156,8 @@ async def close_session(tm: TokenizerManager, request: Request) -> Response:
 
 async def start_profile(tm: TokenizerManager, request: Request) -> Response:
     """SGLang's /start_profile: torch.profiler from the scheduler's next step on, until /stop_profile or
-    ``num_steps`` steps with a forward; 400 while a profile runs. It answers at once (SGLang's answers a
-    ``num_steps`` profile once its trace is written)."""
+    ``num_steps`` steps with a forward; 400 while a profile runs. As SGLang's, a ``num_steps`` profile is answered
+    once it has ended and its trace is written (a 400 if the trace could not be)."""
     raw = await request.body()
     body = decode_request(raw, StartProfileBody) if raw.strip() else StartProfileBody()
     activities = body.activities if body.activities is not None else ["CPU", "GPU"]  # SGLang's default
@@ -161,7 +166,13 @@ async def start_profile(tm: TokenizerManager, request: Request) -> Response:
     await tm.call(StartProfileReq(trace_dir=folder, num_steps=body.steps, record_shapes=bool(body.record_shapes),
                                   with_stack=bool(body.with_stack), profile_memory="MEM" in activities,
                                   cuda="GPU" in activities, prefix=body.profile_prefix or "radixrt"))
-    return Response("Start profiling.\n", media_type="text/plain")
+    if body.steps is None:
+        return Response("Start profiling.\n", media_type="text/plain")
+    while (state := await tm.call(ProfileStateReq())).running:
+        await asyncio.sleep(PROFILE_POLL_SECONDS)
+    if state.last_trace is None:
+        raise RequestError(f"the profile ended, but its trace could not be written into {folder!r}")
+    return Response(f"Start profiling.\nThe trace is in {state.last_trace}.\n", media_type="text/plain")
 
 
 async def stop_profile(tm: TokenizerManager, request: Request) -> Response:
