@@ -3,11 +3,11 @@
     python -m radixrt.bench.fuzz_http --max-examples 100                 # starts a server (float32)
     python -m radixrt.bench.fuzz_http --url http://127.0.0.1:30000 --max-examples 100
 
-For every operation (but the profiler's, ``NOT_FUZZED``) it sends ``--max-examples`` bodies that fit the schema (positive) and as many that break
-it (negative), one at a time, and checks: every one of schemathesis's checks on every answer (no 5xx, status
-codes, content types and bodies as the document declares them, negative data refused, positive data
-accepted, ...), every answer within ``--timeout`` seconds (else a hang), and afterwards /health is 200 and a
-greedy /generate returns what it returned before the run.
+For every operation (but the profiler's, ``NOT_FUZZED``) it sends ``--max-examples`` bodies that fit the schema
+(positive) and as many that break it (negative), one at a time, and checks: every one of schemathesis's checks
+on every answer (no 5xx, status codes, content types and bodies as the document declares them, negative data
+refused, positive data accepted, ...), every answer within ``--timeout`` seconds (else a hang), and afterwards
+/health is 200 and a greedy /generate returns what it returned before the run.
 Cases stay cheap: ``bounded_schema`` caps token counts, ``n``, top-logprobs and array lengths below the
 server's real bounds, and ``cap_cost`` gives a small token budget to bodies that leave it to the default.
 Prints the operations, cases tried, status-code counts, every 5xx (with a curl command) and every hang.

@@ -224,6 +224,7 @@ class StartProfileReq(msgspec.Struct, tag=True):
 
 class StopProfileReq(msgspec.Struct, tag=True):
     trace_dir: str | None = None  # where to write a Chrome trace (else the start's folder, if any)
+    operators: bool = True  # the per-operator table in the reply (it walks every recorded event)
 
 
 class ProfileStateReq(msgspec.Struct, tag=True):

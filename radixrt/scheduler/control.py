@@ -64,7 +64,7 @@ def _start_profile(scheduler: Scheduler, req: StartProfileReq) -> ProfileOut:
 
 
 def _stop_profile(scheduler: Scheduler, req: StopProfileReq) -> ProfileOut:
-    operators = scheduler.profiler.stop(req.trace_dir)
+    operators = scheduler.profiler.stop(req.trace_dir, req.operators)
     return ProfileOut(operators, scheduler.profiler.last_trace)
 
 

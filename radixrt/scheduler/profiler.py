@@ -58,16 +58,24 @@ class StepProfiler:
         self._steps += 1
         if self._steps >= self._options.num_steps:
             try:
-                self.stop()
+                self._end()
                 logger.info("profile of %d steps written to %s", self._steps, self.last_trace)
             except RequestError as exc:  # a folder that cannot be made: the profile ends without its trace
                 logger.warning("the profile's trace was not written: %s", exc)
             except Exception:  # nor may anything else about a trace stop the scheduler
                 logger.exception("writing the profile's trace failed")
 
-    def stop(self, trace_dir: str | None = None) -> dict[str, dict[str, float]]:
-        """{operator: {"self_cpu_s", "calls"}} since ``start``; a Chrome trace in ``trace_dir`` (else the start's
-        folder) when there is one (:attr:`last_trace`)."""
+    def stop(self, trace_dir: str | None = None, operators: bool = True) -> dict[str, dict[str, float]]:
+        """{operator: {"self_cpu_s", "calls"}} since ``start`` (empty without ``operators``: the table walks every
+        event); a Chrome trace in ``trace_dir`` (else the start's folder) when there is one (:attr:`last_trace`)."""
+        profile = self._end(trace_dir)
+        if not operators:
+            return {}
+        return {event.key: {"self_cpu_s": event.self_cpu_time_total / 1e6, "calls": event.count}
+                for event in profile.key_averages()}
+
+    def _end(self, trace_dir: str | None = None) -> Any:
+        """Stop recording and write the trace (see ``stop``); the finished profile."""
         if self._profile is None:
             raise RequestError("no profile is running; start one first")
         profile, self._profile = self._profile, None
@@ -82,5 +90,4 @@ class StepProfiler:
             path = os.path.join(folder, f"{self._options.prefix}-{time.time_ns()}.trace.json")
             profile.export_chrome_trace(path)
             self.last_trace = path
-        return {event.key: {"self_cpu_s": event.self_cpu_time_total / 1e6, "calls": event.count}
-                for event in profile.key_averages()}
+        return profile

@@ -85,7 +85,8 @@ class StartProfileBody(msgspec.Struct, forbid_unknown_fields=True):
     """SGLang's ProfileReqInput: the folder of the trace (default: $RADIXRT_TORCH_PROFILER_DIR, else SGLang's
     $SGLANG_TORCH_PROFILER_DIR, else /tmp), the steps to record before stopping by itself (default: until
     /stop_profile), what to record (CPU operators always; GPU: CUDA kernels where there is a GPU; MEM: tensor
-    memory), stacks and shapes, the trace file's name prefix. SGLang's other fields are accepted where they ask for nothing."""
+    memory), stacks and shapes, the trace file's name prefix. SGLang's other fields are accepted where they ask
+    for nothing."""
 
     output_dir: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)] | None = None
     # sglang.profiler sends the counts as strings ("5")
@@ -101,7 +102,6 @@ class StartProfileBody(msgspec.Struct, forbid_unknown_fields=True):
     @property
     def steps(self) -> int | None:
         return int(self.num_steps) if self.num_steps is not None else None
-
 
 
 class TokenizeBody(msgspec.Struct, forbid_unknown_fields=True):
