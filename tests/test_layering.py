@@ -178,3 +178,17 @@ def test_the_http_process_and_the_request_checks_import_no_torch():
             "assert not heavy, heavy\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_every_package_on_disk_is_listed_for_the_wheel():
+    """pyproject lists the packages a wheel holds: a folder left out installs without it (the wheel once lacked
+    radixrt.protocol, so every installed copy failed at its first import of it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {
+        ".".join([package, *init.parent.relative_to(ROOT / folder).parts])
+        for folder, package in PACKAGES.items()
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert on_disk - listed == set(), f"packages missing from pyproject.toml: {sorted(on_disk - listed)}"
