@@ -122,11 +122,14 @@ def test_decode_half_precision(dtype, head_dim):
 
 
 def test_num_splits_heuristic():
-    cpu = torch.device("cpu")  # the interpreter counts 16 multiprocessors
-    assert choose_num_splits(1, 8, 32768, cpu) == 4
+    cpu = torch.device("cpu")  # the interpreter counts 16 multiprocessors: 128 programs wanted
+    assert choose_num_splits(1, 8, 32768, cpu) == 16
+    assert choose_num_splits(4, 8, 32768, cpu) == 4
+    assert choose_num_splits(8, 8, 32768, cpu) == 2
     assert choose_num_splits(1, 1, 32768, cpu) == 32
-    assert choose_num_splits(1, 1, 300, cpu) == 2  # at least 256 keys a split
-    assert choose_num_splits(256, 8, 32768, cpu) == 1  # a big batch fills the device alone
+    assert choose_num_splits(1, 1, 300, cpu) == 2  # at least 128 keys a split
+    assert choose_num_splits(16, 8, 32768, cpu) == 1  # a big batch fills the device alone
+    assert choose_num_splits(256, 8, 32768, cpu) == 1
     assert choose_num_splits(1, 1, 100, cpu) == 1
 
 

@@ -14,7 +14,7 @@ Parts, each reported as pass or fail with its error (the exit status is 1 when a
   within ``TIE`` of each other (bf16 rounding flips such steps); the tokens after it are not compared.
 - ``server``: ``radixrt serve --device ...``, one ``/generate`` and one ``/v1/chat/completions``.
 - ``bandwidth``: decode-kernel bandwidth (K/V bytes read / time) at a few batch x context sizes, against the
-  card's peak, timed alone and under a CUDA graph (and at small batches for each split count); each size is
+  card's peak, timed alone and under a CUDA graph (and up to batch 64 for each split count); each size is
   checked against torch_ref first.
 - ``graphs``: CUDA-graph decode: replayed logits equal eager ones bit for bit (fp32) at every captured batch
   size, padding rows write nothing, greedy tokens with graphs and overlap scheduling equal those without.
