@@ -36,4 +36,10 @@ def stage(arrays: dict[str, np.ndarray], device: str | torch.device) -> dict[str
 
 
 def _torch_dtype(a: np.ndarray) -> torch.dtype:
-    return torch.from_numpy(a[:0].reshape(-1)).dtype
+    return _TORCH_DTYPES.get(a.dtype) or torch.from_numpy(a[:0].reshape(-1)).dtype
+
+
+# numpy to torch without making a tensor (a staged batch asks for eight at every step)
+_TORCH_DTYPES = {np.dtype(n): t for n, t in [(np.int64, torch.int64), (np.int32, torch.int32),
+                                             (np.float32, torch.float32), (np.float64, torch.float64),
+                                             (np.bool_, torch.bool)]}

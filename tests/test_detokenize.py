@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from radixrt.detokenize import TextStream, fast_decode
+from radixrt.detokenize import Detokenizer, TextStream, batch_decode, fast_decode
+from radixrt.protocol.messages import BatchTokenOut, FinishReason, ReqDelta
 
 pytestmark = pytest.mark.model
 
@@ -44,3 +45,53 @@ def test_streams_render_the_same_text_either_way(tokenizer):
             fast.finish()
             reference.finish()
             assert fast.take(True) == reference.take(True)
+
+
+def test_a_batch_is_decoded_at_once_into_each_requests_own_text(tokenizer):
+    """The detokenizer decodes every stream of a batch in one call per skip_special_tokens value and gives each
+    request the text its own stream renders alone."""
+    rng = random.Random(1)
+    rids = [f"r{i}" for i in range(6)]
+    ids = {rid: [rng.randrange(tokenizer.vocab_size) for _ in range(12)] for rid in rids}
+    detokenizer, calls = Detokenizer(tokenizer), []
+    many = detokenizer.decode_many
+    detokenizer.decode_many = lambda lists, skip: calls.append(skip) or many(lists, skip)
+    texts = dict.fromkeys(rids, "")
+    for step in range(0, 12, 3):
+        deltas = [ReqDelta(rid=rid, new_ids=ids[rid][step:step + 3], skip_special_tokens=i % 2 == 0,
+                           finish_reason=None if step < 9 else FinishReason.length())
+                  for i, rid in enumerate(rids)]
+        for out in detokenizer.process(BatchTokenOut(deltas)).outputs:
+            texts[out.rid] += out.text
+    assert sorted(calls) == [False] * 4 + [True] * 4  # two calls a step, whatever the batch size
+    for i, rid in enumerate(rids):
+        alone = TextStream(tokenizer, skip_special_tokens=i % 2 == 0)
+        alone.add(ids[rid])
+        alone.finish()
+        assert texts[rid] == alone.take(True)
+    assert detokenizer.streams == {}
+
+
+def test_a_request_that_cannot_be_decoded_fails_alone_in_its_batch(tokenizer):
+    detokenizer = Detokenizer(tokenizer)
+    real = detokenizer.decode
+
+    def decode(ids, skip):
+        if 13 in ids:
+            raise ValueError("injected: cannot decode")
+        return real(ids, skip)
+
+    detokenizer.decode = decode
+    detokenizer.decode_many = lambda lists, skip: [decode(ids, skip) for ids in lists]
+    out = detokenizer.process(BatchTokenOut([ReqDelta(rid="good", new_ids=[504, 3458]),
+                                             ReqDelta(rid="bad", new_ids=[13, 14])])).outputs
+    assert out[0].rid == "good" and out[0].text == real([504, 3458], True) and out[0].delta.finish_reason is None
+    assert out[1].rid == "bad" and out[1].text == "" and out[1].delta.finish_reason.status_code == 500
+    assert "cannot decode" in out[1].delta.finish_reason.message and set(detokenizer.streams) == {"good"}
+
+
+def test_batch_decode_matches_decode(tokenizer):
+    lists = [[1, 504, 3458], [2, 28], []]
+    for skip in (True, False):
+        expected = [tokenizer.decode(ids, skip_special_tokens=skip) for ids in lists]
+        assert batch_decode(tokenizer)(lists, skip) == expected

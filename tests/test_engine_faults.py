@@ -123,14 +123,14 @@ def test_one_requests_sampling_error_fails_that_request_only(engine, monkeypatch
 def test_one_requests_detokenizer_error_fails_that_request_only(engine, monkeypatch):
     from radixrt.detokenize import Detokenizer
 
-    real = Detokenizer._process_one
+    real = Detokenizer._finish_one
 
-    def process_one(self, delta):
+    def finish_one(self, delta, stream):
         if delta.stop == ["POISON"]:
             raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
-        return real(self, delta)
+        return real(self, delta, stream)
 
-    monkeypatch.setattr(Detokenizer, "_process_one", process_one)
+    monkeypatch.setattr(Detokenizer, "_finish_one", finish_one)
     with pytest.raises(RuntimeError, match="detokenizing"):
         engine.generate("Hello there", {**GREEDY, "max_new_tokens": 64, "stop": ["POISON"]})
     assert engine.generate("Hello there", GREEDY)["meta_info"]["completion_tokens"] == 6

@@ -7,6 +7,7 @@ kernels need to size their grids (``max_extend_len``, ``max_seq_len``), so a for
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,6 +108,31 @@ class ForwardBatch:
         tensors = stage({name: np.asarray(a, dtype=TENSOR_FIELDS[name]) for name, a in host.items()}, device)
         return cls(**tensors, logits_counts=counts.tolist(), is_decode=is_decode, max_extend_len=int(extend.max()),
                    max_seq_len=int(seq_lens.max()))
+
+    @classmethod
+    def build_decode(cls, tokens: list[int], prefix_lens: list[int], pages: list[list[int]], page_size: int,
+                     device: str | torch.device = "cpu") -> "ForwardBatch":
+        """``build`` of one new token per request, from parallel lists: what the overlap scheduler runs at every step
+        of a large batch, without a ``SeqChunk`` per request and with the page table filled in one assignment."""
+        batch = len(tokens)
+        if batch == 0:
+            raise ValueError("a forward batch needs at least one request")
+        prefix = np.fromiter(prefix_lens, np.int64, batch)
+        num_pages = np.fromiter(map(len, pages), np.int64, batch)
+        if (prefix // page_size >= num_pages).any():
+            raise ValueError("a request's pages do not cover its new tokens")
+        width = int(num_pages.max())
+        page_table = np.zeros((batch, width), np.int32)
+        page_table[np.arange(width) < num_pages[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(pages), np.int32, int(num_pages.sum()))
+        rows = np.arange(batch)
+        out_slots = page_table[rows, prefix // page_size].astype(np.int64) * page_size + prefix % page_size
+        host = {"input_ids": np.fromiter(tokens, np.int64, batch), "positions": prefix, "out_slots": out_slots,
+                "page_table": page_table, "prefix_lens": prefix, "extend_lens": np.ones(batch, np.int64),
+                "seq_lens": prefix + 1, "logits_indices": rows}
+        tensors = stage({name: np.asarray(a, dtype=TENSOR_FIELDS[name]) for name, a in host.items()}, device)
+        return cls(**tensors, logits_counts=[1] * batch, is_decode=True, max_extend_len=1,
+                   max_seq_len=int(prefix.max()) + 1)
 
     def host_fields(self) -> dict:
         return {name: getattr(self, name) for name in HOST_FIELDS}

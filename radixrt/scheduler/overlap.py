@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.model.forward_batch import ForwardBatch
 from radixrt.sampling.sampler import SamplingBatch, sample
 from radixrt.scheduler.request import Req
 
@@ -63,7 +63,11 @@ class Launched:
         return self.host.tolist()
 
     def holds(self, running: list[Req]) -> bool:
-        return len(running) == len(self.plan) and {id(r) for r in running} == {id(r) for r, _ in self.plan}
+        """Whether ``running`` is the step's requests (in any order)."""
+        if len(running) != len(self.plan):
+            return False
+        planned = {id(r) for r, _ in self.plan}
+        return all(id(r) in planned for r in running)
 
 
 def launch(plan: Plan, logits: torch.Tensor, vocab_size: int) -> Launched:
@@ -102,8 +106,9 @@ def continuation(launched: Launched, context_length: int) -> Plan | None:
 def continuation_batch(plan: Plan, launched: Launched, page_size: int, device: torch.device) -> ForwardBatch:
     """The forward batch of ``plan``: each request's token is its in-flight one, read on the device."""
     row_of = {id(req): row for row, (req, _) in enumerate(launched.plan)}
+    reqs = [req for req, _ in plan]
     # built with the launched rows in place of the tokens (one copy to the device), then gathered there
-    batch = ForwardBatch.build([SeqChunk([row_of[id(req)]], req.num_computed, req.pages) for req, _ in plan],
-                               page_size, device)
+    batch = ForwardBatch.build_decode([row_of[id(req)] for req in reqs], [req.num_computed for req in reqs],
+                                      [req.pages for req in reqs], page_size, device)
     batch.input_ids = launched.tokens[batch.input_ids]
     return batch
