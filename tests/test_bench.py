@@ -378,3 +378,13 @@ def test_step_overhead_bench_times_greedy_and_sampled_steps(temperature, seeded)
     row = measure(batch=2, steps=3, overlap=False, detokenize=False, temperature=temperature, seeded=seeded)
     assert row["temperature"] == temperature and row["seeded"] == seeded and row["batch"] == 2
     assert row["ms_per_step"] > 0 and row["us_per_request"] == pytest.approx(row["ms_per_step"] * 500, rel=0.01)
+
+
+def test_step_overhead_bench_times_the_whole_engine_on_a_small_vocabulary(capsys):
+    from radixrt.bench import step_overhead
+
+    row = step_overhead.measure_engine(batch=3, steps=4, vocab=1024, runs=1)
+    assert row["engine"] and row["vocab"] == 1024 and row["batch"] == 3 and row["ms_per_step"] > 0
+    with pytest.raises(SystemExit):
+        step_overhead.main(["--engine", "--vocab", "500"])
+    assert "--vocab must be at least 1024" in capsys.readouterr().err

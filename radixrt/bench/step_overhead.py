@@ -1,12 +1,18 @@
 """The scheduler's host time per decode step, without a model: what a GPU step must hide.
 
     python -m radixrt.bench.step_overhead [--batch 1 64 256] [--steps 200] [--temperature 0] [--seeded] [--profile]
+    python -m radixrt.bench.step_overhead --engine --vocab 1024 [--batch 64 256]
 
 A model-free runner (its forward costs next to nothing: logits pick a token from the inputs) stands in for the
 model, so each step's time is the scheduler's own: planning, pages, the forward batch, sampling, finish checks,
 emitting, and (``--detokenize``) turning ids into text as the Engine does. Reported per batch size, with the
 overlap scheduler off and on. ``--temperature`` above 0 samples (``--seeded``: each request with its own seed)
 instead of taking the argmax. ``--profile`` prints cProfile's top functions of the largest batch.
+
+``--engine`` times the whole Engine instead (overlap on): its scheduler thread, its detokenizer thread and the
+caller's ``generate``, which share one GIL, over ``--steps`` decode steps of the batch, best of three runs. On a GPU
+that is what one decode step must hide. ``--vocab`` sets the stand-in model's vocabulary: the argmax over it runs on
+the CPU here, where a GPU runs it on the device, so a small one (1024) leaves the host's own work.
 """
 
 from __future__ import annotations
@@ -26,30 +32,40 @@ from radixrt.model.forward_batch import ForwardBatch
 VOCAB = 49152
 
 
+def token(seed: int, vocab: int) -> int:
+    """A token id in ``[300, vocab)`` (below 300 sit the special tokens)."""
+    return seed % (vocab - 300) + 300
+
+
 class NullRunner:
     """What the scheduler uses of a ModelRunner, with a forward that only picks a next token per row."""
 
-    def __init__(self, num_pages: int, page_size: int = 16, context_length: int = 8192) -> None:
-        self.config = SimpleNamespace(vocab_size=VOCAB)
+    def __init__(self, num_pages: int, page_size: int = 16, context_length: int = 8192, vocab: int = VOCAB) -> None:
+        self.config = SimpleNamespace(vocab_size=vocab)
+        self.vocab = vocab
         self.context_length = context_length
         self.device = torch.device("cpu")
+        self.dtype = torch.float32
         self.pool = PagePool(KVLayout(num_layers=1, kv_heads=1, head_dim=2, page_size=page_size,
                                       dtype=torch.float32), num_pages)
         self.page_size = page_size
-        self._logits = torch.zeros(0, VOCAB)
+        self._logits = torch.zeros(0, vocab)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         rows = batch.logits_indices.shape[0]
         if self._logits.shape[0] < rows:
-            self._logits = torch.zeros(rows, VOCAB)
+            self._logits = torch.zeros(rows, self.vocab)
         logits = self._logits[:rows].zero_()
-        tokens = (batch.input_ids[batch.logits_indices] * 31 + batch.positions[batch.logits_indices]) % 20000 + 300
-        logits[torch.arange(rows), tokens] = 1.0
+        seeds = batch.input_ids[batch.logits_indices] * 31 + batch.positions[batch.logits_indices]
+        logits[torch.arange(rows), seeds % (self.vocab - 300) + 300] = 1.0
         return logits
+
+    def close(self) -> None:
+        pass
 
 
 def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bool = False,
-            temperature: float = 0.0, seeded: bool = False) -> dict:
+            temperature: float = 0.0, seeded: bool = False, vocab: int = VOCAB) -> dict:
     from radixrt.bench.sim.world import load_world
     from radixrt.detokenize import Detokenizer
     from radixrt.protocol.messages import GenerateReq
@@ -61,12 +77,12 @@ def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bo
     detokenizer = Detokenizer(world.tokenizer)
     sink = (lambda out: detokenizer.process(out)) if detokenize else (lambda out: None)
     prompt_len = 200
-    runner = NullRunner(num_pages=batch * (prompt_len + steps + 32) // 16 + 64)
+    runner = NullRunner(num_pages=batch * (prompt_len + steps + 32) // 16 + 64, vocab=vocab)
     args = ServerArgs(max_running_requests=batch, chunked_prefill_size=batch * prompt_len, log_interval=0,
                       enable_overlap_schedule=overlap)
     scheduler = Scheduler(args, runner, world.tokenizer, world.eos_ids, sink)
     for i in range(batch):
-        prompt = [(i * 7919 + j * 31) % 20000 + 300 for j in range(prompt_len)]
+        prompt = [token(i * 7919 + j * 31, vocab) for j in range(prompt_len)]
         params = SamplingParams(max_new_tokens=steps + 2, temperature=temperature, ignore_eos=True,
                                 seed=i if seeded else None)
         scheduler.submit(GenerateReq(rid=f"r{i}", input_ids=prompt, params=params))
@@ -89,6 +105,35 @@ def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bo
             "ms_per_step": round(1000 * seconds / steps, 3), "us_per_request": round(1e6 * seconds / steps / batch, 2)}
 
 
+def measure_engine(batch: int, steps: int, vocab: int = VOCAB, runs: int = 3) -> dict:
+    """The Engine's wall time per decode step (the best of ``runs``), the stand-in runner in the model's place."""
+    from unittest import mock
+
+    from radixrt.engine import Engine
+    from radixrt.model.runner import ModelRunner
+
+    prompt_len = 200
+    runner = NullRunner(num_pages=batch * (prompt_len + steps + 32) // 16 + 64, vocab=vocab)
+    with mock.patch.object(ModelRunner, "from_args", lambda *args, **kwargs: runner):
+        engine = Engine(max_running_requests=batch, chunked_prefill_size=batch * prompt_len, log_interval=0,
+                        enable_overlap_schedule=True)
+    try:
+        prompts = [[token(i * 7919 + j * 31, vocab) for j in range(prompt_len)] for i in range(batch)]
+        best = float("inf")
+        for _ in range(runs):
+            engine.flush_cache()
+            # the prefill alone first, so that the timed call is decode steps
+            engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 1, "ignore_eos": True})
+            started = time.perf_counter()
+            engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": steps, "temperature": 0,
+                                                                "ignore_eos": True})
+            best = min(best, time.perf_counter() - started)
+    finally:
+        engine.shutdown()
+    return {"batch": batch, "engine": True, "vocab": vocab, "ms_per_step": round(1000 * best / steps, 3),
+            "us_per_request": round(1e6 * best / steps / batch, 2)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
@@ -97,13 +142,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="above 0: sample instead of the argmax")
     parser.add_argument("--seeded", action="store_true", help="with --temperature: a seed for each request")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--engine", action="store_true", help="time the whole Engine (its threads and the caller)")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help="the stand-in model's vocabulary (>= 1024)")
     args = parser.parse_args(argv)
+    if args.vocab < 1024:
+        parser.error("--vocab must be at least 1024")
     torch.set_num_threads(1)
+    if args.engine:
+        for batch in args.batch:
+            print(measure_engine(batch, args.steps, args.vocab), flush=True)
+        return
     for batch in args.batch:
         for overlap in (False, True):
             profile = args.profile and batch == max(args.batch) and overlap
-            print(measure(batch, args.steps, overlap, args.detokenize, profile, args.temperature, args.seeded),
-                  flush=True)
+            print(measure(batch, args.steps, overlap, args.detokenize, profile, args.temperature, args.seeded,
+                          args.vocab), flush=True)
 
 
 if __name__ == "__main__":
