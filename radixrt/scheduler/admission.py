@@ -192,13 +192,18 @@ class Admission:
     def _shares_uncached_prefix(self, req: Req, running: list[Req], admitted: list[Req], cached: int) -> bool:
         if self.cache.disabled:
             return False
+        need = cached + max(DEDUP_MIN_TOKENS, self.page_size)  # a common prefix at least this long
+        if req.total_len < need:
+            return False
         just_admitted = {id(r) for r in admitted}
-        fill = req.fill_ids
+        fill, last = req.fill_ids, need - 1
         for other in running:  # the admitted ones included
             if other.num_to_compute <= 1 and id(other) not in just_admitted:
                 continue
-            common = common_prefix_len(fill, other.fill_ids)
-            if common - cached >= max(DEDUP_MIN_TOKENS, self.page_size):
+            # the last token such a prefix would hold first: most requests differ there (one comparison, no copy)
+            if other.total_len < need or _token_at(other, last) != fill[last]:
+                continue
+            if common_prefix_len(fill, other.fill_ids) >= need:
                 return True
         return False
 
@@ -278,3 +283,9 @@ def _settle_grammar(req: Req) -> bool:
             error = exc
     req.finish_reason = FinishReason.error(f"invalid grammar: {error}", 400)
     return True
+
+
+def _token_at(req: Req, index: int) -> int:
+    """``req.fill_ids[index]`` without building the list."""
+    prompt = req.prompt_ids
+    return prompt[index] if index < len(prompt) else req.output_ids[index - len(prompt)]
