@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from radixrt.memory.page_pool import KVLayout, PagePool
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.scheduler.drafts import ContextIndex, History, TokenIndex, cache_continuation
-from radixrt.scheduler.speculation import DEFAULT_TOKEN_COST, StepCost, best_length
+from radixrt.scheduler.speculation import DEFAULT_TOKEN_COST, MIN_TOKEN_COST, StepCost, best_length
 from radixrt.server_args import ServerArgs
 
 
@@ -134,6 +134,16 @@ def test_step_cost_is_fitted_from_timed_steps():
     # one token costs 1 ms against a request's share (20 + 8) / 8 ms of a decode step of 8
     assert cost.token_cost(8) == pytest.approx(8 / 28, rel=0.05)
     assert cost.token_cost(1) == pytest.approx(1 / 21, rel=0.05)
+
+
+def test_a_token_never_costs_nothing():
+    """Steps of more tokens timed faster (noise, where tokens cost next to nothing) fit a slope below zero: the
+    cost is floored, so the policy still weighs a draft's length."""
+    cost = StepCost()
+    for tokens in (1, 2, 3, 5, 9) * 4:
+        cost.observe(tokens, 0.0126 - 0.00001 * tokens)
+    assert cost.token_cost(1) == MIN_TOKEN_COST and cost.token_cost(8) == MIN_TOKEN_COST
+    assert best_length(0.05, 8, MIN_TOKEN_COST) < 8  # a draft that is rarely accepted is still cut short
 
 
 def test_speculative_options_are_checked():

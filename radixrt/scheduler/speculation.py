@@ -62,6 +62,9 @@ ALGORITHMS = ("NGRAM",)
 # One more token in a step as a fraction of a request's share of a decode step, until steps of different
 # sizes have been timed.
 DEFAULT_TOKEN_COST = 0.1
+# The least a token may be taken to cost: a fitted slope at or below zero is timing noise (steps of more tokens
+# timed faster, as an AMX CPU gave at batch 1 on a 135M model), and no token is free: it takes a slot and a row.
+MIN_TOKEN_COST = 0.01
 MIN_GAIN = 1.02  # a draft must promise this many tokens per unit of cost, relative to plain decoding
 PRIOR_ACCEPTED, PRIOR_REJECTED = 1.0, 1.0  # the acceptance estimate starts at one half
 DECAY = 0.8  # weight of earlier verify steps in the estimate
@@ -172,7 +175,7 @@ class StepCost:
         slope = max(slope, 0.0)
         if intercept <= 0:
             return 1.0  # time grows with every token: drafts only where acceptance is near certain
-        return slope * batch / (intercept + slope * batch)
+        return max(slope * batch / (intercept + slope * batch), MIN_TOKEN_COST)
 
 
 class Speculator:
