@@ -8,11 +8,13 @@
   of rows. On an AVX2-only EPYC it ran 15-40% faster than oneDNN's prepacked kernel at every row count from 1 to
   2048; on Zen 4, whose 512-bit vectors run on 256-bit units, 1.5x faster at 1-2 rows and 0.91-1.15x from 4
   to 512 rows (docs/BENCHMARKS.md). It computes a row the same way whatever rows come with it, which
-  oneDNN does not promise. Intel's AVX-512 CPUs keep oneDNN (not measured there).
+  oneDNN does not promise. Intel's AVX-512 CPUs keep oneDNN: on a Xeon with AMX oneDNN ran 1.25-1.8x the panel
+  kernel from 16 rows on, the panels 1.27x oneDNN at one row.
 - ``bf16`` (radixrt.kernels' ``linear_bf16``): bf16 on CPUs with AVX512-BF16 and no AMX, the weight in panels
   of 16 output columns as bf16 pairs, multiplied with ``vdpbf16ps`` in tiles of 8 rows by 3 panels. On an AMD
   EPYC (Zen 4) it ran 1.05-2x faster than oneDNN's prepacked bf16 kernel from 1 to 2048 rows, most at decode
-  sizes (docs/BENCHMARKS.md). Where the CPU has AMX, oneDNN's tiles are left in charge (not measured there).
+  sizes (docs/BENCHMARKS.md). Where the CPU has AMX, oneDNN's tiles are left in charge: on a Xeon with AMX they
+  ran 2-11x the panel kernel from 16 rows on, which was faster only at one row (1.56x).
 - ``onednn``: oneDNN's blocked layout (what inductor's ``mkldnn`` linear does), for everything else. Its bf16
   kernels need AVX512-BF16/AMX or AVX-NE-CONVERT; where the CPU lacks them the reorder fails and the layer
   keeps ``F.linear``.
