@@ -141,9 +141,18 @@ class Detokenizer:
     def process(self, batch: BatchTokenOut) -> BatchStrOut:
         """Every delta's new text: the ids of all streams are decoded together, one call per
         ``skip_special_tokens`` value; a request whose text fails alone ends with an error."""
-        streams: list[TextStream | None] = []
-        pending: dict[bool, list[tuple[int, tuple[list[int], list[int]]]]] = {}
+        seen: set[str] = set()
         for index, delta in enumerate(batch.deltas):
+            if delta.rid in seen:  # a request's second delta (the scheduler sends one): after its first
+                head = self._process(batch.deltas[:index]).outputs
+                return BatchStrOut(head + self.process(BatchTokenOut(batch.deltas[index:])).outputs)
+            seen.add(delta.rid)
+        return self._process(batch.deltas)
+
+    def _process(self, deltas: list[ReqDelta]) -> BatchStrOut:
+        streams: list[TextStream] = []
+        pending: dict[bool, list[tuple[int, tuple[list[int], list[int]]]]] = {}
+        for index, delta in enumerate(deltas):
             stream = self._stream(delta)
             streams.append(stream)
             ids = stream.extend(delta.new_ids)
@@ -161,7 +170,7 @@ class Detokenizer:
                     except Exception as exc:
                         texts[index] = exc
         outputs = []
-        for index, (delta, stream) in enumerate(zip(batch.deltas, streams)):
+        for index, (delta, stream) in enumerate(zip(deltas, streams)):
             try:
                 text = texts.get(index)
                 if isinstance(text, Exception):

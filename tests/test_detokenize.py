@@ -95,3 +95,17 @@ def test_batch_decode_matches_decode(tokenizer):
     for skip in (True, False):
         expected = [tokenizer.decode(ids, skip_special_tokens=skip) for ids in lists]
         assert batch_decode(tokenizer)(lists, skip) == expected
+
+
+def test_a_requests_two_deltas_in_one_batch_are_taken_in_order(tokenizer):
+    ids = [504, 3458, 28, 1, 2088, 314]
+    together, apart = Detokenizer(tokenizer), Detokenizer(tokenizer)
+    out = together.process(BatchTokenOut([ReqDelta(rid="a", new_ids=ids[:3]), ReqDelta(rid="b", new_ids=ids[:2]),
+                                          ReqDelta(rid="a", new_ids=ids[3:], finish_reason=FinishReason.length())]))
+    texts = [o.text for o in out.outputs]
+    first = apart.process(BatchTokenOut([ReqDelta(rid="a", new_ids=ids[:3])])).outputs[0].text
+    last = apart.process(BatchTokenOut([ReqDelta(rid="a", new_ids=ids[3:], finish_reason=FinishReason.length())]))
+    assert [o.rid for o in out.outputs] == ["a", "b", "a"]
+    assert texts[0] == first and texts[2] == last.outputs[0].text
+    assert texts[0] + texts[2] == tokenizer.decode(ids, skip_special_tokens=True)
+    assert set(together.streams) == {"b"}
