@@ -91,3 +91,13 @@ def test_cpu_dry_run_passes(default_model_path, tmp_path):
     speed = report["parts"]["speed"]["figures"]
     assert set(speed["radixrt"]) >= {"batch1", "random", "shared_prefix"} and set(speed["transformers"]) == {"batch1", "random"}
     assert not list(scratch.glob("radixrt-gpu-check-*"))  # the synthetic weights are deleted
+
+
+def test_synthetic_weights_take_a_shape_and_a_dtype(tmp_path):
+    source = tmp_path / "source"
+    save_tiny_model("llama", source)
+    made = gpu_check.synthetic_model(source, tmp_path / "c", overrides={"num_hidden_layers": 1}, dtype="bfloat16")
+    weights = load_file(made / "model.safetensors")
+    assert {k.split(".")[2] for k in weights if k.startswith("model.layers.")} == {"0"}
+    assert weights["model.embed_tokens.weight"].dtype == torch.bfloat16
+    assert ModelRunner(made, dtype="float32", page_size=4, num_pages=8).config.num_hidden_layers == 1

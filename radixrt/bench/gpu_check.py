@@ -71,17 +71,22 @@ CPU_SIZES = Sizes(
 )
 
 
-def synthetic_model(source: Path, target: Path, seed: int = 0) -> Path:
-    """``target``: ``source``'s config and tokenizer files with random weights, seeded. The weights are spread
-    (std 0.05) so that the logits are too: greedy steps are then rarely near-ties."""
+def synthetic_model(source: Path, target: Path, seed: int = 0, overrides: dict | None = None, device: str = "cpu",
+                    dtype: str = "float32") -> Path:
+    """``target``: ``source``'s config (``overrides`` set on it) and tokenizer files with random weights, seeded,
+    made on ``device`` in ``dtype``. The weights are spread (std 0.05) so that the logits are too: greedy steps are
+    then rarely near-ties."""
     import shutil
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(source)
+    for name, value in (overrides or {}).items():
+        setattr(config, name, value)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() > 1:  # matrices; the norms' weights stay ones

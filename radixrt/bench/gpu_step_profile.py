@@ -37,29 +37,9 @@ def record(shape: str, key: str, value) -> None:
     (OUT / "gpu_step_profile.json").write_text(json.dumps(RESULTS, indent=1))
 
 
-def make_model(cfg_dir: Path, shape: str, target: Path) -> Path:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(cfg_dir)
-    if shape == "1b":
-        config.hidden_size, config.intermediate_size, config.num_hidden_layers = 2048, 8192, 16
-        config.num_attention_heads, config.num_key_value_heads, config.head_dim = 32, 8, 64
-        config.max_position_embeddings, config.rope_theta = 8192, 500000.0
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.02)
-    model.save_pretrained(target)
-    for f in cfg_dir.iterdir():
-        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")) or f.name == "generation_config.json":
-            shutil.copy(f, target / f.name)
-    del model
-    torch.cuda.empty_cache()
-    return target
+# a Llama-3.2-1B-like shape on the default model's vocabulary
+ONE_B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 8192, "rope_theta": 500000.0}
 
 
 def cuda_ms(fn, reps: int = 50, warm: int = 3) -> float:
@@ -150,10 +130,13 @@ def profile_shape(shape: str, cfg_dir: Path, kv_gb: float) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     import radixrt
+    from radixrt.bench.gpu_check import synthetic_model
     from radixrt.model.forward_batch import ForwardBatch, SeqChunk
     from radixrt.protocol.messages import StartProfileReq, StopProfileReq
 
-    model_dir = make_model(cfg_dir, shape, Path(f"/tmp/gsp-{shape}"))
+    model_dir = synthetic_model(cfg_dir, Path(f"/tmp/gsp-{shape}"), overrides=ONE_B if shape == "1b" else None,
+                                device="cuda", dtype="bfloat16")
+    torch.cuda.empty_cache()
     started = time.perf_counter()
     eng = radixrt.Engine(model=str(model_dir), device="cuda", dtype="bfloat16", kv_memory_gb=kv_gb,
                          max_running_requests=256, chunked_prefill_size=8192, log_interval=0.0)

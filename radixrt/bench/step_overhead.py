@@ -64,6 +64,15 @@ class NullRunner:
         pass
 
 
+PROMPT_LEN = 200
+
+
+def _runner_and_prompts(batch: int, steps: int, vocab: int) -> tuple[NullRunner, list[list[int]]]:
+    """A stand-in runner with pages for ``batch`` requests of ``steps`` tokens, and their prompts."""
+    runner = NullRunner(num_pages=batch * (PROMPT_LEN + steps + 32) // 16 + 64, vocab=vocab)
+    return runner, [[token(i * 7919 + j * 31, vocab) for j in range(PROMPT_LEN)] for i in range(batch)]
+
+
 def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bool = False,
             temperature: float = 0.0, seeded: bool = False, vocab: int = VOCAB) -> dict:
     from radixrt.bench.sim.world import load_world
@@ -76,13 +85,11 @@ def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bo
     world = load_world()
     detokenizer = Detokenizer(world.tokenizer)
     sink = (lambda out: detokenizer.process(out)) if detokenize else (lambda out: None)
-    prompt_len = 200
-    runner = NullRunner(num_pages=batch * (prompt_len + steps + 32) // 16 + 64, vocab=vocab)
-    args = ServerArgs(max_running_requests=batch, chunked_prefill_size=batch * prompt_len, log_interval=0,
+    runner, prompts = _runner_and_prompts(batch, steps, vocab)
+    args = ServerArgs(max_running_requests=batch, chunked_prefill_size=batch * PROMPT_LEN, log_interval=0,
                       enable_overlap_schedule=overlap)
     scheduler = Scheduler(args, runner, world.tokenizer, world.eos_ids, sink)
-    for i in range(batch):
-        prompt = [token(i * 7919 + j * 31, vocab) for j in range(prompt_len)]
+    for i, prompt in enumerate(prompts):
         params = SamplingParams(max_new_tokens=steps + 2, temperature=temperature, ignore_eos=True,
                                 seed=i if seeded else None)
         scheduler.submit(GenerateReq(rid=f"r{i}", input_ids=prompt, params=params))
@@ -112,13 +119,11 @@ def measure_engine(batch: int, steps: int, vocab: int = VOCAB, runs: int = 3) ->
     from radixrt.engine import Engine
     from radixrt.model.runner import ModelRunner
 
-    prompt_len = 200
-    runner = NullRunner(num_pages=batch * (prompt_len + steps + 32) // 16 + 64, vocab=vocab)
+    runner, prompts = _runner_and_prompts(batch, steps, vocab)
     with mock.patch.object(ModelRunner, "from_args", lambda *args, **kwargs: runner):
-        engine = Engine(max_running_requests=batch, chunked_prefill_size=batch * prompt_len, log_interval=0,
+        engine = Engine(max_running_requests=batch, chunked_prefill_size=batch * PROMPT_LEN, log_interval=0,
                         enable_overlap_schedule=True)
     try:
-        prompts = [[token(i * 7919 + j * 31, vocab) for j in range(prompt_len)] for i in range(batch)]
         best = float("inf")
         for _ in range(runs):
             engine.flush_cache()

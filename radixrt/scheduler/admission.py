@@ -201,7 +201,7 @@ class Admission:
             if other.num_to_compute <= 1 and id(other) not in just_admitted:
                 continue
             # the last token such a prefix would hold first: most requests differ there (one comparison, no copy)
-            if other.total_len < need or _token_at(other, last) != fill[last]:
+            if other.total_len < need or other.token_at(last) != fill[last]:
                 continue
             if common_prefix_len(fill, other.fill_ids) >= need:
                 return True
@@ -283,9 +283,3 @@ def _settle_grammar(req: Req) -> bool:
             error = exc
     req.finish_reason = FinishReason.error(f"invalid grammar: {error}", 400)
     return True
-
-
-def _token_at(req: Req, index: int) -> int:
-    """``req.fill_ids[index]`` without building the list."""
-    prompt = req.prompt_ids
-    return prompt[index] if index < len(prompt) else req.output_ids[index - len(prompt)]

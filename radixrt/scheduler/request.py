@@ -89,6 +89,11 @@ class Req:
     def fill_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def token_at(self, index: int) -> int:
+        """``fill_ids[index]`` without building the list."""
+        prompt = self.prompt_ids
+        return prompt[index] if index < len(prompt) else self.output_ids[index - len(prompt)]
+
     @property
     def total_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
