@@ -61,5 +61,5 @@ def build_forward_batch(plan: Plan, page_size: int, device: torch.device | str) 
 
 def _tokens(req: Req, n: int) -> list[int]:
     if req.draft:
-        return req.fill_ids[req.num_computed :] + req.draft
-    return req.fill_ids[req.num_computed : req.num_computed + n]
+        return req.tokens_between(req.num_computed, req.total_len) + req.draft
+    return req.tokens_between(req.num_computed, req.num_computed + n)

@@ -94,6 +94,16 @@ class Req:
         prompt = self.prompt_ids
         return prompt[index] if index < len(prompt) else self.output_ids[index - len(prompt)]
 
+    def tokens_between(self, start: int, stop: int) -> list[int]:
+        """``fill_ids[start:stop]`` without building the whole list (a decode step reads one token of a long
+        context)."""
+        prompt = self.prompt_ids
+        if start >= len(prompt):
+            return self.output_ids[start - len(prompt) : stop - len(prompt)]
+        if stop <= len(prompt):
+            return prompt[start:stop]
+        return prompt[start:] + self.output_ids[: stop - len(prompt)]
+
     @property
     def total_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
