@@ -1,9 +1,16 @@
-"""The in-process runtime, call-compatible with SGLang's offline Engine.
+"""The offline runtime, call-compatible with SGLang's offline Engine.
 
-The scheduler runs in a background thread; calls from any number of threads (or coroutines) batch together.
-Requests go through the one client of the scheduler (``radixrt.client.SchedulerClient``), as the server's do:
-here its transport is the scheduler's inbox, and token ids become text on a second thread
-(``radixrt-detokenizer``), off the scheduler's, in the order the scheduler emitted them.
+Calls from any number of threads (or coroutines) batch together. Requests go through the one client of the
+scheduler (``radixrt.client.SchedulerClient``), as the server's do. Where the scheduler runs
+(``engine_scheduler``):
+
+- ``thread`` (the default on a CPU): on a background thread of this process, which also loads the model; the
+  client's transport is the scheduler's inbox, and token ids become text on a second thread
+  (``radixrt-detokenizer``), in the order the scheduler emitted them. ``scheduler``, ``runner``, ``loaded`` and
+  ``grammars`` are the live objects (benchmarks and tests read them).
+- ``process`` (the default on CUDA, as SGLang's and vLLM's engines run theirs): in a process of its own, with the
+  detokenizer in another, started as ``radixrt serve`` starts them (``radixrt.server.detached``), so no thread of
+  the caller's shares the scheduler's GIL. Those four attributes are None; a helper that dies is ``EngineDead``.
 
 A request the runtime cannot serve raises ``ValueError`` (``RequestError``) before it is queued; a request that
 failed inside the runtime (its batch's forward failed) raises ``RuntimeError`` (``RequestFailed``) while the
@@ -23,12 +30,13 @@ import logging
 import queue
 import threading
 import weakref
-from typing import Any, AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
 
 from radixrt.client import Handle, LoopWaker, SchedulerClient, ThreadWaker
 from radixrt.detokenize import Detokenizer
 from radixrt.protocol.errors import RuntimeDown
 from radixrt.protocol.messages import (
+    BatchStrOut,
     BatchTokenOut,
     CloseSessionReq,
     Control,
@@ -41,6 +49,9 @@ from radixrt.protocol.messages import (
 )
 from radixrt.protocol.request import GenerateInput, Prepared
 from radixrt.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from radixrt.server.detached import DetachedRuntime
 
 logger = logging.getLogger("radixrt.engine")
 
@@ -62,6 +73,16 @@ class Engine:
         self._wake = threading.Event()
         self._stopped = False
         self._error: BaseException | None = None
+        self._detached: DetachedRuntime | None = None
+        if self.args.engine_scheduler == "process" or (self.args.engine_scheduler == "auto"
+                                                      and self.args.device == "cuda"):
+            self._start_detached()
+        else:
+            self._start_thread()
+        _LIVE_ENGINES.add(self)
+
+    def _start_thread(self) -> None:
+        """The scheduler on a thread of this process (it loads the model there), the detokenizer on another."""
         built: concurrent.futures.Future = concurrent.futures.Future()
         go = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(built, go), name="radixrt-scheduler", daemon=True)
@@ -85,8 +106,30 @@ class Engine:
             go.set()
             self._thread.join()
             raise
-        _LIVE_ENGINES.add(self)
         go.set()
+
+    def _start_detached(self) -> None:
+        """The scheduler and the detokenizer in processes of their own (radixrt.server.detached)."""
+        from radixrt.model.weights import resolve_model_path
+        from radixrt.server.detached import DetachedRuntime
+        from radixrt.tokenizer import load_tokenizer
+
+        self.model_path = resolve_model_path(self.args.model)  # fetched or converted once, before the helpers
+        tokenizer_path = str(self.args.tokenizer_path or self.model_path)
+        self.tokenizer = load_tokenizer(tokenizer_path, self.args.chat_template)
+        self.loaded = self.scheduler = self.runner = self.grammars = None
+        self.client = SchedulerClient(self._send, encode=self.tokenizer.encode, limits=lambda: self._detached.limits)
+        self._detached = DetachedRuntime(self.args, tokenizer_path, self._deliver, self.client.fail_all)
+        info = self._detached.ready.model_info
+        self.eos_ids = set(info["eos_token_ids"])
+        self.chat_template = info["chat_template"]
+
+    def _deliver(self, msg: object) -> None:
+        """What the detached runtime sends back (its receiver thread): text deltas and control replies."""
+        if isinstance(msg, ControlOut):
+            self.client.on_reply(msg)
+        elif isinstance(msg, BatchStrOut):
+            self.client.on_outputs(msg)
 
     def _run(self, built: concurrent.futures.Future, go: threading.Event) -> None:
         """The scheduler thread. The model is loaded here, on the thread that runs every forward: OpenMP gives
@@ -115,6 +158,9 @@ class Engine:
     # ----- the transport: the scheduler's inbox in, its outbox out --------------------------------------
 
     def _send(self, msg: object) -> None:
+        if self._detached is not None:
+            self._detached.send(msg)
+            return
         self.scheduler.submit(msg)
         self._wake.set()
 
@@ -152,7 +198,11 @@ class Engine:
     def _check_alive(self) -> None:
         if self._error is not None:
             raise EngineDead(f"the scheduler thread died: {self._error!r}") from self._error
-        if self._stopped or not self._thread.is_alive():
+        if self._detached is not None:
+            problem = self._detached.problem()
+            if problem is not None:
+                raise EngineDead(f"the engine's runtime stopped: {problem}")
+        if self._stopped or (self._detached is None and not self._thread.is_alive()):
             raise EngineDead("the engine is shut down")
 
     def _submit(self, req: GenerateInput, waker: ThreadWaker | LoopWaker) -> tuple[Prepared, list[Handle]]:
@@ -300,7 +350,7 @@ class Engine:
 
     def flush_cache(self) -> bool:
         """Drop the prefix cache; refused (False) while requests are in flight."""
-        if not self.scheduler.idle:
+        if self.scheduler is not None and not self.scheduler.idle:  # detached: the scheduler itself refuses
             return False
         return self._call(FlushCacheReq()).ok
 
@@ -323,6 +373,8 @@ class Engine:
         return self._call(StopProfileReq(trace_dir)).operators
 
     def get_model_info(self) -> dict[str, Any]:
+        if self._detached is not None:
+            return dict(self._detached.ready.model_info)
         return self.loaded.model_info()
 
     def get_stats(self) -> dict[str, Any]:
@@ -331,8 +383,13 @@ class Engine:
         return msgspec.structs.asdict(self._call(StatsReq()).stats)
 
     def shutdown(self) -> None:
-        """Stop the scheduler thread (after its current step); calls still waiting raise EngineDead."""
+        """Stop the scheduler (after its current step); calls still waiting raise EngineDead."""
         self._stopped = True
+        if self._detached is not None:
+            self._detached.close()
+            _LIVE_ENGINES.discard(self)
+            self.client.fail_all("the engine is shut down")
+            return
         self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=30)

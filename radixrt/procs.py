@@ -8,11 +8,14 @@ pre-exec step of ``subprocess.Popen``. Imports nothing of the runtime (the front
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import socket
+import subprocess
 import sys
+import time
 from typing import Callable
 
 PR_SET_PDEATHSIG = 1
@@ -49,15 +52,33 @@ def parent_alive(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 
 
+# A helper process's environment: one compute thread, no OpenMP spin-waiting, no tokenizer thread pool.
+HELPER_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                     "NUMEXPR_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def pin_helper_threads() -> None:
     """For the HTTP and detokenizer processes: one compute thread, no OpenMP spin-waiting.
 
     Must run before torch is imported (transformers' tokenizer classes import it when it is installed).
     """
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
-        os.environ[name] = "1"
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ.update(HELPER_THREAD_ENV)
+
+
+def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """SIGTERM each process still running, then SIGKILL those that outlive ``grace`` seconds."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.05))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait()
 
 
 def torch_single_thread() -> None:

@@ -39,6 +39,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "torch_native", "triton")
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 TOOL_CALL_PARSERS = ("auto", "hermes", "qwen", "qwen25", "qwen3", "llama3", "llama3_json", "llama", "mistral")
 REASONING_PARSERS = ("deepseek-r1", "qwen3", "qwen3-thinking")
+ENGINE_SCHEDULERS = ("auto", "thread", "process")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -64,6 +65,7 @@ class ServerArgs:
     disable_partial_page_reuse: bool = field(default=False, metadata={"help": "share whole pages only"})
     disable_jump_forward: bool = field(default=False, metadata={"help": "decode constrained text token by token"})
     disable_overlap_schedule: bool = field(default=False, metadata={"help": "read each decode step's tokens back before launching the next (the overlap scheduler launches step N+1 first; on CUDA)"})
+    engine_scheduler: str = field(default="auto", metadata={"help": "where an Engine runs its scheduler: thread (beside the caller, its scheduler and runner inspectable), process (a process of its own and the detokenizer in another, as radixrt serve runs them, so the scheduler shares no GIL with the caller); auto: process on CUDA, thread on a CPU. radixrt serve always uses processes", "choices": ENGINE_SCHEDULERS})
     enable_overlap_schedule: bool = field(default=False, metadata={"help": "use the overlap scheduler on a CPU too (it gains nothing there; for tests)"})
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode steps eagerly on CUDA instead of replaying graphs captured at start-up"})
     cuda_graph_max_bs: int | None = field(default=None, metadata={"help": "largest decode batch replayed from a CUDA graph (default: --max-running-requests, at most 256)"})

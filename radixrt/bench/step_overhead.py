@@ -2,12 +2,17 @@
 
     python -m radixrt.bench.step_overhead [--batch 1 64 256] [--steps 200] [--temperature 0] [--seeded] [--profile]
     python -m radixrt.bench.step_overhead --engine --vocab 1024 [--batch 64 256]
+    python -m radixrt.bench.step_overhead --engine-modes [--batch 64 256]
 
 A model-free runner (its forward costs next to nothing: logits pick a token from the inputs) stands in for the
 model, so each step's time is the scheduler's own: planning, pages, the forward batch, sampling, finish checks,
 emitting, and (``--detokenize``) turning ids into text as the Engine does. Reported per batch size, with the
 overlap scheduler off and on. ``--temperature`` above 0 samples (``--seeded``: each request with its own seed)
 instead of taking the argmax. ``--profile`` prints cProfile's top functions of the largest batch.
+
+``--engine-modes`` times the Engine over a tiny real model (one layer of width 64; its forward costs little) with
+its scheduler on a thread of the caller's process and in a process of its own (``engine_scheduler``), modes
+alternating, one compute thread each.
 
 ``--engine`` times the whole Engine instead (overlap on): its scheduler thread, its detokenizer thread and the
 caller's ``generate``, which share one GIL, over ``--steps`` decode steps of the batch, best of three runs. On a GPU
@@ -22,6 +27,7 @@ import cProfile
 import io
 import pstats
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -139,6 +145,49 @@ def measure_engine(batch: int, steps: int, vocab: int = VOCAB, runs: int = 3) ->
             "us_per_request": round(1e6 * best / steps / batch, 2)}
 
 
+# A model whose forward costs little next to the host's work: one layer of width 64 over a 1,024-token vocabulary.
+TINY = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 1024, "tie_word_embeddings": True}
+
+
+def measure_engine_modes(batches: list[int], steps: int, rounds: int = 2) -> list[dict]:
+    """The Engine's wall time per decode step with the scheduler on a thread and in a process of its own
+    (``engine_scheduler``), over a tiny real model (:data:`TINY`, seeded weights), one compute thread each, modes
+    alternating ``rounds`` times; the best of each mode's runs."""
+    import os
+    import tempfile
+
+    from radixrt.bench.gpu_check import synthetic_model
+    from radixrt.engine import Engine
+    from radixrt.model.weights import resolve_model_path
+
+    os.environ["OMP_NUM_THREADS"] = "1"  # the scheduler process's too: a forward must not spin against the host
+    results = []
+    with tempfile.TemporaryDirectory(prefix="radixrt-tiny-") as folder:
+        model = synthetic_model(resolve_model_path("smollm2-135m"), Path(folder), overrides=TINY)
+        for batch in batches:
+            prompts = [[token(i * 7919 + j * 31, TINY["vocab_size"]) for j in range(PROMPT_LEN)] for i in range(batch)]
+            best = {"thread": float("inf"), "process": float("inf")}
+            for _ in range(rounds):
+                for mode in best:
+                    engine = Engine(model=str(model), dtype="float32", engine_scheduler=mode, log_interval=0,
+                                    max_running_requests=batch, chunked_prefill_size=batch * PROMPT_LEN,
+                                    enable_overlap_schedule=True, kv_memory_gb=1.0)
+                    try:
+                        engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 1, "ignore_eos": True})
+                        started = time.perf_counter()
+                        engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": steps,
+                                                                            "temperature": 0, "ignore_eos": True})
+                        best[mode] = min(best[mode], time.perf_counter() - started)
+                    finally:
+                        engine.shutdown()
+            for mode, seconds in best.items():
+                results.append({"batch": batch, "engine_scheduler": mode, "model": "tiny",
+                                "ms_per_step": round(1000 * seconds / steps, 3)})
+                print(results[-1], flush=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
@@ -149,10 +198,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--engine", action="store_true", help="time the whole Engine (its threads and the caller)")
     parser.add_argument("--vocab", type=int, default=VOCAB, help="the stand-in model's vocabulary (>= 1024)")
+    parser.add_argument("--engine-modes", action="store_true",
+                        help="time the Engine over a tiny real model with its scheduler on a thread and in a process")
     args = parser.parse_args(argv)
     if args.vocab < 1024:
         parser.error("--vocab must be at least 1024")
     torch.set_num_threads(1)
+    if args.engine_modes:
+        measure_engine_modes(args.batch, args.steps)
+        return
     if args.engine:
         for batch in args.batch:
             print(measure_engine(batch, args.steps, args.vocab), flush=True)

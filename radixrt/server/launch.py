@@ -19,22 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import ipaddress
-import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING
 
-from radixrt.procs import pin_helper_threads, torch_single_thread
+from radixrt.procs import pin_helper_threads, stop_processes, torch_single_thread
 from radixrt.server.ipc import IpcPaths
+from radixrt.server.runtime_procs import dead_helper, spawn_helpers
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -51,30 +49,6 @@ SHUTDOWN_GRACE_S = 2.0  # SIGTERM: how long in-flight requests may still finish 
 
 class StartupFailed(RuntimeError):
     pass
-
-
-def _spawn(module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, *argv], env=env, stdin=subprocess.DEVNULL)
-
-
-def _stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
-    deadline = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(timeout=max(deadline - time.monotonic(), 0.05))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            p.wait()
-
-
-def _without_secrets(args: ServerArgs) -> dict:
-    """The scheduler's options: no keys on a command line that `ps` shows (the scheduler needs none)."""
-    return {**dataclasses.asdict(args), **{name: None for name in ServerArgs.SECRETS}}
 
 
 def _is_loopback(host: str) -> bool:
@@ -112,8 +86,7 @@ def serve(args: ServerArgs) -> int:
                        "its cache and abort requests; pass --api-key (docs/SECURITY.md)", args.host)
     model_path = str(resolve_model_path(args.model))  # fetch/convert once, before the scheduler needs it
     compute_env = dict(os.environ)  # the scheduler gets the machine's compute threads
-    pin_helper_threads()  # this process and the detokenizer: one thread, no OpenMP spinning
-    helper_env = dict(os.environ)
+    pin_helper_threads()  # this process: one thread, no OpenMP spinning
 
     ipc_dir = tempfile.mkdtemp(prefix="radixrt-ipc-")
     paths = IpcPaths(ipc_dir)
@@ -125,12 +98,8 @@ def serve(args: ServerArgs) -> int:
 
     previous_term = signal.signal(signal.SIGTERM, _term)
     try:
-        pid = str(os.getpid())
-        procs["scheduler"] = _spawn("radixrt.server.scheduler_process",
-                                    [json.dumps(_without_secrets(args)), ipc_dir, pid], compute_env)
         tokenizer_path = args.tokenizer_path or model_path
-        procs["detokenizer"] = _spawn("radixrt.server.detokenizer_process",
-                                      [tokenizer_path, ipc_dir, pid, args.log_level], helper_env)
+        procs.update(spawn_helpers(args, ipc_dir, tokenizer_path, compute_env))
         from radixrt.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_path, args.chat_template)
@@ -144,18 +113,10 @@ def serve(args: ServerArgs) -> int:
         logger.error("%s", exc)
         code = 1
     finally:
-        _stop(list(procs.values()))
+        stop_processes(list(procs.values()))
         shutil.rmtree(ipc_dir, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous_term)
     return code
-
-
-def _dead_helper(procs: dict[str, subprocess.Popen]) -> str | None:
-    for name, p in procs.items():
-        rc = p.poll()
-        if rc is not None:
-            return f"the {name} process exited with code {rc}"
-    return None
 
 
 async def _main(args: ServerArgs, paths: IpcPaths, tokenizer, procs: dict[str, subprocess.Popen]) -> int:
@@ -170,7 +131,7 @@ async def _main(args: ServerArgs, paths: IpcPaths, tokenizer, procs: dict[str, s
         problems: list[str] = []  # the helper death that stopped the server, once seen
 
         def health() -> str | None:
-            return problems[0] if problems else _dead_helper(procs)
+            return problems[0] if problems else dead_helper(procs)
 
         server = _http_server(args, create_app(tm, health))
         watch = asyncio.create_task(_watchdog(args, server, tm, procs, problems))
@@ -184,7 +145,7 @@ async def _main(args: ServerArgs, paths: IpcPaths, tokenizer, procs: dict[str, s
 async def _handshake(tm: TokenizerManager, procs: dict[str, subprocess.Popen]) -> None:
     """Wait until both helpers are ready; StartupFailed as soon as one died."""
     while True:
-        problem = _dead_helper(procs)
+        problem = dead_helper(procs)
         if problem is not None:
             raise StartupFailed(f"startup failed: {problem}")
         try:
@@ -236,7 +197,7 @@ async def _watchdog(args: ServerArgs, server: uvicorn.Server, tm: TokenizerManag
             announced = True
             print(f"{READY_LINE} http://{args.host}:{args.port} (model {tm.model_info['served_model_name']},"
                   f" {tm.ready.num_pages} KV pages of {tm.ready.page_size} tokens)", flush=True)
-        problem = _dead_helper(procs)
+        problem = dead_helper(procs)
         if problem is not None:
             logger.error("%s; shutting down", problem)
             problems.append(problem)
@@ -248,7 +209,7 @@ async def _watchdog(args: ServerArgs, server: uvicorn.Server, tm: TokenizerManag
     # A signal: uvicorn stops accepting and waits for open responses. Requests that do not finish
     # within the grace period are answered 503 (streams: an error event), so every connection closes.
     deadline = time.monotonic() + SHUTDOWN_GRACE_S
-    while tm.in_flight and time.monotonic() < deadline and _dead_helper(procs) is None:
+    while tm.in_flight and time.monotonic() < deadline and dead_helper(procs) is None:
         await asyncio.sleep(0.05)
     if tm.in_flight:
         logger.info("shutting down: %d requests unfinished are answered 503", tm.in_flight)

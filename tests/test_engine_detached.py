@@ -1,0 +1,129 @@
+"""The Engine with its scheduler and detokenizer in processes of their own (``engine_scheduler="process"``):
+the same answers as the scheduler on a thread, the same errors, and a runtime that dies or shuts down as a
+clear EngineDead instead of a hang."""
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import radixrt
+from radixrt.engine import EngineDead
+
+pytestmark = pytest.mark.model
+
+OPTIONS = {"dtype": "float32", "log_interval": 0, "kv_memory_gb": 0.3}
+GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Three primary colors are"]
+
+
+@pytest.fixture(scope="module")
+def detached(default_model_path):
+    with radixrt.Engine(engine_scheduler="process", **OPTIONS) as engine:
+        yield engine
+
+
+def test_auto_keeps_the_scheduler_on_a_thread_on_a_cpu(default_model_path):
+    with radixrt.Engine(**OPTIONS) as engine:
+        assert engine.scheduler is not None and engine.runner is not None
+
+
+def test_the_same_greedy_tokens_text_and_meta_as_the_threaded_engine(detached, default_model_path):
+    with radixrt.Engine(engine_scheduler="thread", **OPTIONS) as threaded:
+        expected = threaded.generate(PROMPTS, GREEDY)
+        info = threaded.get_model_info()
+    got = detached.generate(PROMPTS, GREEDY)
+    assert [r["output_ids"] for r in got] == [r["output_ids"] for r in expected]
+    assert [r["text"] for r in got] == [r["text"] for r in expected]
+    assert [r["meta_info"]["finish_reason"] for r in got] == [r["meta_info"]["finish_reason"] for r in expected]
+    assert detached.get_model_info() == info
+    assert detached.scheduler is None and detached.runner is None
+    assert detached.eos_ids == set(info["eos_token_ids"])
+
+
+def test_streams_and_async_calls(detached):
+    whole = detached.generate(PROMPTS[0], GREEDY)
+    chunks = list(detached.generate(PROMPTS[0], GREEDY, stream=True))
+    assert chunks[-1]["text"] == whole["text"] and chunks[-1]["output_ids"] == whole["output_ids"]
+    assert len(chunks) > 1
+
+    async def both():
+        return await asyncio.gather(detached.async_generate(PROMPTS[0], GREEDY),
+                                    detached.async_generate(PROMPTS[1], GREEDY))
+
+    first, second = asyncio.run(both())
+    assert first["output_ids"] == whole["output_ids"]
+    assert second["output_ids"] == detached.generate(PROMPTS[1], GREEDY)["output_ids"]
+
+
+def test_calls_from_many_threads_batch_together(detached):
+    expected = detached.generate(PROMPTS, GREEDY)
+    results: dict[int, dict] = {}
+
+    def call(i: int) -> None:
+        results[i] = detached.generate(PROMPTS[i % 3], GREEDY)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i]["output_ids"] for i in range(9)] == [expected[i % 3]["output_ids"] for i in range(9)]
+
+
+def test_control_calls_and_a_bad_request(detached):
+    stats = detached.get_stats()
+    assert stats["pages_total"] > 0
+    session = detached.open_session()
+    detached.close_session(session)
+    assert detached.flush_cache() is True
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        detached.generate("x", {"max_new_tokens": -1})
+    assert detached.generate("still serving", {"max_new_tokens": 2, "temperature": 0})["output_ids"]
+
+
+def test_a_helper_that_dies_ends_every_call_with_engine_dead(default_model_path):
+    engine = radixrt.Engine(engine_scheduler="process", **OPTIONS)
+    try:
+        outcome: list[BaseException] = []
+
+        def long_call() -> None:
+            try:
+                engine.generate("a long wait", {"max_new_tokens": 4000, "ignore_eos": True})
+            except BaseException as exc:  # noqa: BLE001 - the outcome is checked below
+                outcome.append(exc)
+
+        waiter = threading.Thread(target=long_call)
+        waiter.start()
+        time.sleep(1.0)
+        os.kill(engine._detached.ready.pid, signal.SIGKILL)
+        waiter.join(timeout=30)
+        assert not waiter.is_alive(), "a caller waited on a runtime that had died"
+        assert outcome and isinstance(outcome[0], (EngineDead, RuntimeError))
+        assert "scheduler process exited" in str(outcome[0])
+        with pytest.raises(EngineDead, match="scheduler process exited"):
+            engine.generate("again", {"max_new_tokens": 2})
+    finally:
+        engine.shutdown()
+
+
+def test_shutdown_stops_the_helpers_and_later_calls_raise(default_model_path):
+    engine = radixrt.Engine(engine_scheduler="process", **OPTIONS)
+    pid = engine._detached.ready.pid
+    ipc_dir = engine._detached._ipc_dir
+    engine.shutdown()
+    with pytest.raises(EngineDead):
+        engine.generate("after", {"max_new_tokens": 2})
+    engine.shutdown()  # a second shutdown does nothing
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not os.path.exists(ipc_dir)
+
+
+def test_a_scheduler_that_fails_to_start_raises_in_the_callers_thread(default_model_path):
+    # the default model's 9 heads do not split over 2 ranks: the scheduler process refuses to load it
+    with pytest.raises(RuntimeError, match="scheduler process exited with code 1"):
+        radixrt.Engine(engine_scheduler="process", dtype="float32", tp_size=2)
