@@ -59,6 +59,11 @@ _LIVE_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 POLL_SECONDS = 0.5  # how often a waiting caller checks that the scheduler thread is still alive
 
 
+def runs_detached(args: ServerArgs) -> bool:
+    """Whether an Engine with these options runs its scheduler in a process of its own."""
+    return args.engine_scheduler == "process" or (args.engine_scheduler == "auto" and args.device == "cuda")
+
+
 class EngineDead(RuntimeDown):
     """The scheduler thread has stopped (the model cannot run, or the engine was shut down)."""
 
@@ -74,8 +79,7 @@ class Engine:
         self._stopped = False
         self._error: BaseException | None = None
         self._detached: DetachedRuntime | None = None
-        if self.args.engine_scheduler == "process" or (self.args.engine_scheduler == "auto"
-                                                      and self.args.device == "cuda"):
+        if runs_detached(self.args):
             self._start_detached()
         else:
             self._start_thread()

@@ -11,7 +11,8 @@ import time
 import pytest
 
 import radixrt
-from radixrt.engine import EngineDead
+from radixrt.engine import EngineDead, runs_detached
+from radixrt.server_args import ServerArgs
 
 pytestmark = pytest.mark.model
 
@@ -26,9 +27,12 @@ def detached(default_model_path):
         yield engine
 
 
-def test_auto_keeps_the_scheduler_on_a_thread_on_a_cpu(default_model_path):
+def test_auto_keeps_the_scheduler_on_a_thread_on_a_cpu_and_detaches_it_on_cuda(default_model_path):
     with radixrt.Engine(**OPTIONS) as engine:
         assert engine.scheduler is not None and engine.runner is not None
+    assert runs_detached(ServerArgs(device="cuda"))
+    assert not runs_detached(ServerArgs(device="cuda", engine_scheduler="thread"))
+    assert not runs_detached(ServerArgs()) and runs_detached(ServerArgs(engine_scheduler="process"))
 
 
 def test_the_same_greedy_tokens_text_and_meta_as_the_threaded_engine(detached, default_model_path):

@@ -163,7 +163,8 @@ def _engine_kwargs(args, **extra) -> dict:
     kwargs = dict(model=args.model, dtype=args.dtype, page_size=args.page_size,
                   max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size,
                   kv_memory_gb=args.kv_memory_gb, schedule_policy=args.schedule_policy, log_interval=0.0,
-                  enable_mixed_chunk=args.enable_mixed_chunk)
+                  enable_mixed_chunk=args.enable_mixed_chunk,
+                  engine_scheduler="thread")  # the step recorder and the runner are read in this process
     return {**kwargs, **extra}
 
 

@@ -91,7 +91,7 @@ def _tokens_with_and_without(ctx: Context, part: Part, dtype_name: str) -> dict:
     fast = {} if ctx.device.startswith("cuda") else {"enable_overlap_schedule": True}  # no graphs on a CPU
     for name, options in (("fast", fast), ("eager", {"disable_cuda_graph": True, "disable_overlap_schedule": True})):
         engine = Engine(model=ctx.model, device=ctx.device, dtype=dtype_name, kv_memory_gb=0.5, log_interval=0.0,
-                        cuda_graph_max_bs=ctx.sizes.graph_max_bs, **options)
+                        cuda_graph_max_bs=ctx.sizes.graph_max_bs, engine_scheduler="thread", **options)
         try:
             kw = {"return_logprob": True, "top_logprobs_num": 5} if name == "eager" else {}
             runs[name] = engine.generate(input_ids=prompts, sampling_params=params, **kw)

@@ -190,7 +190,8 @@ def _engine_against_transformers(ctx: Context, part: Part, dtype_name: str) -> d
 
     n = ctx.sizes.new_tokens
     started = time.perf_counter()
-    engine = Engine(model=ctx.model, device=ctx.device, dtype=dtype_name, kv_memory_gb=0.5, log_interval=0.0)
+    engine = Engine(model=ctx.model, device=ctx.device, dtype=dtype_name, kv_memory_gb=0.5, log_interval=0.0,
+                    engine_scheduler="thread")  # its runner and grammars are read here
     try:
         figures = {"attention_backend": engine.runner.attention.backend,
                    "load_seconds": round(time.perf_counter() - started, 2)}

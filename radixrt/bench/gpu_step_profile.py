@@ -139,7 +139,8 @@ def profile_shape(shape: str, cfg_dir: Path, kv_gb: float) -> None:
     torch.cuda.empty_cache()
     started = time.perf_counter()
     eng = radixrt.Engine(model=str(model_dir), device="cuda", dtype="bfloat16", kv_memory_gb=kv_gb,
-                         max_running_requests=256, chunked_prefill_size=8192, log_interval=0.0)
+                         max_running_requests=256, chunked_prefill_size=8192, log_interval=0.0,
+                         engine_scheduler="thread")  # its runner and scheduler are read here
     runner = eng.runner
     graphs = runner.graphs
     record(shape, "init", {"seconds": round(time.perf_counter() - started, 2),

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     prompts, params = _workload(args.requests)
     runs: dict[str, list[dict]] = {"off": [], "on": []}
-    with radixrt.Engine(dtype=args.dtype, kv_memory_gb=0.2, log_interval=0) as engine:
+    with radixrt.Engine(dtype=args.dtype, kv_memory_gb=0.2, log_interval=0, engine_scheduler="thread") as engine:
         engine.generate(prompts[:2], [{**p, "max_new_tokens": 2} for p in params[:2]])  # compile + warm up
         for _ in range(args.repeats):
             for mode in ("off", "on"):

@@ -30,7 +30,7 @@ def run_config(args: argparse.Namespace, preemption: bool) -> dict[str, Any]:
 
     rng = random.Random(args.seed)
     engine = Engine(dtype=args.dtype, log_interval=0, max_running_requests=args.max_running_requests,
-                    disable_priority_preemption=not preemption)
+                    disable_priority_preemption=not preemption, engine_scheduler="thread")
     vocab = engine.scheduler.vocab_size
     batch = [_ids(rng, args.batch_input, vocab) for _ in range(args.batch)]
     interactive = [_ids(rng, args.interactive_input, vocab) for _ in range(args.interactive)]

@@ -184,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     print(" ".join(f"{k}={v}" for k, v in context.items()), flush=True)
     model = str(resolve_model_path(args.model or DEFAULT_MODEL))
     engine = radixrt.Engine(model=model, dtype=args.dtype, speculative_algorithm="NGRAM",
-                            speculative_num_draft_tokens=args.num_draft_tokens, log_interval=0)
+                            speculative_num_draft_tokens=args.num_draft_tokens, log_interval=0,
+                            engine_scheduler="thread")  # its speculator's counters are read here
     rows = []
     try:
         for name in args.workloads:
