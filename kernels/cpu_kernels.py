@@ -41,7 +41,7 @@ import torch
 logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "paged_extend.cpp", "fused_ops.cpp",
-                                    "linear_panels.cpp", "linear_bf16.cpp")]
+                                    "linear_panels.cpp", "linear_bf16.cpp", "linear_amx.cpp")]
 HEADERS = [CSRC / "dtype_vec.h", CSRC / "bf16_pairs.h"]
 VECTORS_ENV = "RADIXRT_CPU_VECTORS"
 AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # what ATen's AVX-512 vectors need
@@ -338,6 +338,18 @@ def pack_linear_bf16(weight: torch.Tensor) -> torch.Tensor:
 def linear_bf16(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
     """``x @ W^T (+ bias)`` in bf16 (fp32 sums, rounded once) with ``W`` packed by :func:`pack_linear_bf16`."""
     return _call("radixrt::linear_bf16", _module().linear_bf16, x, panels, int(out_features), bias)
+
+
+@lru_cache(maxsize=1)
+def linear_amx_usable() -> bool:
+    """Whether :func:`linear_amx` runs here: built for a CPU with AMX-BF16, and the tile registers granted."""
+    module = load()
+    return module is not None and module.linear_amx_usable()
+
+
+def linear_amx(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
+    """:func:`linear_bf16`'s product on AMX tiles, over the same panels (``in`` a multiple of 32)."""
+    return _call("radixrt::linear_amx", _module().linear_amx, x, panels, int(out_features), bias)
 
 
 def _call(name: str, kernel, *args):

@@ -27,12 +27,13 @@ PAGE = 16
 NEW_TOKENS = 40
 
 OWN_KERNELS = {
-    "bfloat16": (cpu_kernels.linear_bf16_built() and cpu_kernels.bf16_dot_built()
-                 and cpu_linear.prefers_bf16_panels(cpu_kernels.cpu_flags())),
+    "bfloat16": cpu_kernels.bf16_dot_built() and (
+        (cpu_kernels.linear_bf16_built() and cpu_linear.prefers_bf16_panels(cpu_kernels.cpu_flags()))
+        or (cpu_kernels.linear_amx_usable() and cpu_linear.prefers_amx(cpu_kernels.cpu_flags()))),
     "float32": (cpu_kernels.linear_panels_usable()
                 and cpu_linear.prefers_panels(cpu_kernels.cpu_flags(), cpu_kernels.cpu_model())),
 }
-KERNEL = {"bfloat16": "bf16", "float32": "panels"}
+KERNEL = {"bfloat16": "amx" if cpu_linear.prefers_amx(cpu_kernels.cpu_flags()) else "bf16", "float32": "panels"}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def test_greedy_tokens_and_logprobs_are_the_same_with_speculation_alone_and_toge
                     "test_kernels_cascade.py")
     shared = [1 + (i * 7) % 23 for i in range(150)]  # a repeating pattern: drafts from the context get accepted
     prompts = [shared + [100 + r, 101 + r, 102 + r] for r in range(4)]
-    assert cpu_linear.choose_kernel(torch.zeros(2, 2, dtype=getattr(torch, dtype))) == KERNEL[dtype]
+    assert cpu_linear.choose_kernel(torch.zeros(2, 64, dtype=getattr(torch, dtype))) == KERNEL[dtype]
     plain_together, _ = decode(tiny_hd64, dtype, prompts, together=True, speculative=False)
     spec_together, accepted = decode(tiny_hd64, dtype, prompts, together=True, speculative=True)
     assert accepted > 0, "the drafts must really be verified for the comparison to mean anything"

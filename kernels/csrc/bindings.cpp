@@ -23,6 +23,8 @@ bool linear_panels_built();
 at::Tensor pack_linear_bf16(at::Tensor weight);
 at::Tensor linear_bf16(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias);
 bool linear_bf16_built();
+at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias);
+bool linear_amx_usable();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention reading K/V pages in place, a shared prefix once per chunk (CPU)");
@@ -37,6 +39,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_linear_bf16", &pack_linear_bf16, "a bf16 weight [out, in] as panels of 16 outputs in pairs [P, in/2, 16, 2]");
   m.def("linear_bf16", &linear_bf16, "x W^T (+ b) in bf16 with W packed by pack_linear_bf16 (vdpbf16ps)");
   m.def("linear_bf16_built", &linear_bf16_built, "whether linear_bf16 multiplies with vdpbf16ps in this build");
+  m.def("linear_amx", &linear_amx, "linear_bf16's product on AMX tiles over the same panels (K a multiple of 32)");
+  m.def("linear_amx_usable", &linear_amx_usable, "whether this build has the AMX path and the tiles are granted");
   m.def("rotary_embedding", &rotary_embedding, "neox-style rotary embedding of q and k, in place");
   m.def("rope_and_store", &rope_and_store, "rotary embedding of q (in place) and k, k and v stored into cache slots");
 }

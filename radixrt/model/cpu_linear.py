@@ -13,14 +13,19 @@
 - ``bf16`` (radixrt.kernels' ``linear_bf16``): bf16 on CPUs with AVX512-BF16 and no AMX, the weight in panels
   of 16 output columns as bf16 pairs, multiplied with ``vdpbf16ps`` in tiles of 8 rows by 3 panels. On an AMD
   EPYC (Zen 4) it ran 1.05-2x faster than oneDNN's prepacked bf16 kernel from 1 to 2048 rows, most at decode
-  sizes (docs/BENCHMARKS.md). Where the CPU has AMX, oneDNN's tiles are left in charge: on a Xeon with AMX they
-  ran 2-11x the panel kernel from 16 rows on, which was faster only at one row (1.56x).
+  sizes (docs/BENCHMARKS.md).
+- ``amx`` (radixrt.kernels' ``linear_amx``): bf16 on CPUs with AMX, the same panels read as AMX B tiles, 32 rows
+  by 2 panels a step. On a Xeon with AMX (2 vCPUs, the default model's projections) it ran 1.3-1.45x oneDNN's
+  prepacked kernel from 1 to 128 rows and level at 512; at 1,024-2,048 rows (prefill chunks) oneDNN is up to
+  1.4x faster. Every row gets the same bits whatever rows come with it (oneDNN's do not), so a speculative verify
+  row gets its decode row's bits on these CPUs too. Input widths not a multiple of 32 keep oneDNN.
 - ``onednn``: oneDNN's blocked layout (what inductor's ``mkldnn`` linear does), for everything else. Its bf16
   kernels need AVX512-BF16/AMX or AVX-NE-CONVERT; where the CPU lacks them the reorder fails and the layer
   keeps ``F.linear``.
 
-``RADIXRT_CPU_LINEAR=onednn|panels|bf16`` forces one kernel where it can run (``panels``: fp32, built with AVX2;
-``bf16``: bf16 weights with an even ``in``, built with AVX512-BF16); ``RADIXRT_DISABLE_PACKED_LINEAR=1`` keeps
+``RADIXRT_CPU_LINEAR=onednn|panels|bf16|amx`` forces one kernel where it can run (``panels``: fp32, built with
+AVX2; ``bf16``: bf16 weights with an even ``in``, built with AVX512-BF16; ``amx``: bf16 weights with ``in`` a
+multiple of 32, built for and run on a CPU with AMX-BF16); ``RADIXRT_DISABLE_PACKED_LINEAR=1`` keeps
 every layer on ``F.linear``.
 """
 
@@ -35,7 +40,7 @@ from radixrt.kernels import cpu_kernels
 
 BATCH_HINT = 64  # the row count oneDNN tunes its blocked layout for; any row count works afterwards
 KERNEL_ENV = "RADIXRT_CPU_LINEAR"
-KERNELS = ("panels", "bf16", "onednn")
+KERNELS = ("panels", "bf16", "amx", "onednn")
 
 
 @dataclass(frozen=True)
@@ -62,9 +67,14 @@ def prefers_bf16_panels(flags: frozenset[str]) -> bool:
     return "avx512_bf16" in flags and "amx_bf16" not in flags
 
 
+def prefers_amx(flags: frozenset[str]) -> bool:
+    """AMX-BF16: bf16 products on radixrt's AMX kernel."""
+    return "amx_bf16" in flags
+
+
 def choose_kernel(weight: torch.Tensor) -> str:
-    """The kernel that runs ``weight`` here: ``panels`` for fp32 and ``bf16`` for bf16 where preferred (or forced)
-    and built, else ``onednn``."""
+    """The kernel that runs ``weight`` here: ``panels`` for fp32, ``amx`` or ``bf16`` for bf16 where preferred (or
+    forced) and usable, else ``onednn``."""
     forced = os.environ.get(KERNEL_ENV)
     if forced is not None and forced not in KERNELS:
         raise ValueError(f"{KERNEL_ENV}={forced!r}; choose one of {', '.join(KERNELS)}")
@@ -72,6 +82,10 @@ def choose_kernel(weight: torch.Tensor) -> str:
     wants_panels = forced == "panels" or (forced is None and prefers_panels(flags, cpu_kernels.cpu_model()))
     if wants_panels and weight.dtype == torch.float32 and cpu_kernels.linear_panels_usable():
         return "panels"
+    wants_amx = forced == "amx" or (forced is None and prefers_amx(flags))
+    if (wants_amx and weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.shape[1] % 32 == 0
+            and cpu_kernels.linear_amx_usable()):
+        return "amx"
     wants_bf16 = forced == "bf16" or (forced is None and prefers_bf16_panels(flags))
     if (wants_bf16 and weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.shape[1] % 2 == 0
             and cpu_kernels.linear_bf16_built()):
@@ -86,8 +100,8 @@ def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
     kernel = choose_kernel(weight)
     if kernel == "panels":
         return PackedWeight(cpu_kernels.pack_linear_panels(weight), weight.shape[0], "panels")
-    if kernel == "bf16":
-        return PackedWeight(cpu_kernels.pack_linear_bf16(weight), weight.shape[0], "bf16")
+    if kernel in ("bf16", "amx"):  # the same panels
+        return PackedWeight(cpu_kernels.pack_linear_bf16(weight), weight.shape[0], kernel)
     if not torch.backends.mkldnn.is_available():
         return None
     try:
@@ -101,6 +115,8 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
     """``x @ W^T (+ bias)`` with ``W`` as returned by :func:`pack_weight`."""
     if packed.kernel == "panels":
         return cpu_kernels.linear_panels(x, packed.data, packed.out_features, bias)
+    if packed.kernel == "amx":
+        return cpu_kernels.linear_amx(x, packed.data, packed.out_features, bias)
     if packed.kernel == "bf16":
         return cpu_kernels.linear_bf16(x, packed.data, packed.out_features, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed.data, bias, "none", [], "")
