@@ -255,8 +255,12 @@ def paged_extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 def paged_extend_usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the runtime takes :func:`paged_extend` here: bf16 on the CPU, a head_dim it takes, and an AVX-512
-    build (elsewhere its scalar fallback, built for the tests, is slower than torch's attention)."""
+    build (elsewhere its scalar fallback, built for the tests, is slower than torch's attention), on a CPU without
+    AMX (there torch's flash attention multiplies on AMX tiles: a 2,048-token causal chunk of the default model's
+    heads took 10.3 ms a layer against this kernel's 33.5 on a Xeon with AMX)."""
     if q.device.type != "cpu" or q.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16:
+        return False
+    if "amx_bf16" in cpu_flags():
         return False
     module = load()
     return module is not None and q.shape[-1] in (32, 64, 128) and module.paged_extend_vectorized()

@@ -51,11 +51,13 @@ def test_sliding_window(window):
     check(*extend_case([90, 0], [45, 30], 4, seed=window), window=window)
 
 
-def test_the_runtime_takes_it_on_avx512_builds_in_bf16():
+def test_the_runtime_takes_it_on_avx512_builds_in_bf16_without_amx(monkeypatch):
     q, k, *_ = extend_case([0], [4])
     vectorized = cpu_kernels._module().paged_extend_vectorized()
     assert vectorized == cpu_kernels.compile_flags()[3].endswith("AVX512")
-    assert cpu_kernels.paged_extend_usable(q, k) == vectorized
+    assert cpu_kernels.paged_extend_usable(q, k) == (vectorized and "amx_bf16" not in cpu_kernels.cpu_flags())
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_bf16"}))
+    assert not cpu_kernels.paged_extend_usable(q, k)  # torch's flash attention runs on the AMX tiles there
     assert not cpu_kernels.paged_extend_usable(q.float(), k.float())
     assert not cpu_kernels.paged_extend_usable(q[..., :48], k[..., :48])
 
