@@ -7,8 +7,9 @@ decode step over distinct prompts, the prefill and a decode step of requests tha
 with the cascade attention on and off (``torch_cascade.MAX_GROUPS = 0`` turns grouping off), and a decode
 step at long distinct contexts (``--long-batch`` x ``--long-len``, the multi-turn chat case). Run it again with
 ``RADIXRT_DISABLE_MALLOC_TUNING=1``, ``RADIXRT_DISABLE_PACKED_LINEAR=1`` or ``RADIXRT_DISABLE_CPU_KERNELS=1``
-for the effect of each. ``--ab-packed-linear`` instead times the linear layers on the AVX2 panel kernel,
-on oneDNN's prepacked kernel and on plain ``F.linear`` interleaved in one process (three runners), which this
+for the effect of each. ``--ab-packed-linear`` instead times the linear layers on radixrt's kernels for the dtype (fp32: the
+panel kernel; bf16: the bf16 panels, and the AMX kernel where the CPU has AMX), on oneDNN's prepacked kernel and on
+plain ``F.linear`` interleaved in one process (a runner each), which this
 VM's drift between runs makes the fairer comparison;
 ``--ab-fused-ops`` does the same for the fused C++ element-wise ops against the torch ops they replace, and
 ``--ab-module-call`` for the layers called straight through their forward against nn.Module's call, and
@@ -148,13 +149,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _ab_packed_linear(args) -> None:
-    """A prefill chunk and a decode step, alternating runners whose linears run the panel kernel, oneDNN's
-    prepacked kernel, or plain ``F.linear``."""
+    """A prefill chunk and a decode step, alternating runners whose linears run radixrt's kernels for the dtype
+    (fp32: the panel kernel; bf16: the bf16 panels and, on AMX CPUs, the AMX kernel), oneDNN's prepacked kernel,
+    or plain ``F.linear``."""
     path = resolve_model_path(args.model)
     own = -(-(args.prompt_len + 2) // PAGE_SIZE)
     runners = {}
-    settings = {"panels": {KERNEL_ENV: "panels"}, "onednn": {KERNEL_ENV: "onednn"},
-                "plain": {"RADIXRT_DISABLE_PACKED_LINEAR": "1"}}
+    dtype = getattr(torch, args.dtype)
+    settings = {kernel: {KERNEL_ENV: kernel} for kernel in (("panels",) if dtype == torch.float32 else ("bf16", "amx"))
+                if _chosen_under(kernel, dtype)}
+    settings.update({"onednn": {KERNEL_ENV: "onednn"}, "plain": {"RADIXRT_DISABLE_PACKED_LINEAR": "1"}})
     for label, env in settings.items():
         with mock.patch.dict(os.environ, env):  # restores the environment, removed names included
             for name in {KERNEL_ENV, "RADIXRT_DISABLE_PACKED_LINEAR"} - env.keys():
@@ -164,6 +168,14 @@ def _ab_packed_linear(args) -> None:
              for label, r in runners.items()}
     print(f"{args.dtype}, {torch.get_num_threads()} threads, kernels per runner: {kinds}")
     _time_interleaved(args, {label: (runner, lambda: None) for label, runner in runners.items()})
+
+
+def _chosen_under(kernel: str, dtype: torch.dtype) -> bool:
+    """Whether forcing ``kernel`` makes a linear of ``dtype`` (the default model's widths) run on it here."""
+    from radixrt.model.cpu_linear import choose_kernel
+
+    with mock.patch.dict(os.environ, {KERNEL_ENV: kernel}):
+        return choose_kernel(torch.ones(2, 64, dtype=dtype)) == kernel
 
 
 def _ab_runner(args) -> ModelRunner:

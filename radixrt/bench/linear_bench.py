@@ -4,7 +4,8 @@
                                          [--dtype float32|bfloat16]
 
 For each row count, each kernel of radixrt.model.cpu_linear that runs here for the dtype (fp32: ``panels``
-where it is built; bf16: ``bf16`` where it is built; ``onednn`` where torch has oneDNN) and plain ``F.linear``
+where it is built; bf16: ``bf16`` where it is built, ``amx`` where the CPU has AMX; ``onednn`` where torch has
+oneDNN) and plain ``F.linear``
 compute the four projections of a decoder layer
 (fused q/k/v, o, fused gate/up, down; SmolLM2-135M's shapes) over ``--layers`` layers' distinct random weights,
 so that the weights come from memory as in a forward pass. Kernels alternate within a round; each figure is
@@ -29,10 +30,10 @@ SHAPES = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1
 
 def _kernels(dtype: torch.dtype) -> list[str]:
     found = []
-    own = "panels" if dtype == torch.float32 else "bf16"
-    with mock.patch.dict(os.environ, {cpu_linear.KERNEL_ENV: own}):
-        if cpu_linear.choose_kernel(torch.ones(2, 2, dtype=dtype)) == own:
-            found.append(own)
+    for own in (("panels",) if dtype == torch.float32 else ("bf16", "amx")):
+        with mock.patch.dict(os.environ, {cpu_linear.KERNEL_ENV: own}):
+            if cpu_linear.choose_kernel(torch.ones(2, 64, dtype=dtype)) == own:
+                found.append(own)
     with mock.patch.dict(os.environ, {cpu_linear.KERNEL_ENV: "onednn"}):
         if cpu_linear.pack_weight(torch.ones(2, 2, dtype=dtype)) is not None:  # no bf16 kernel on some CPUs
             found.append("onednn")
