@@ -12,7 +12,9 @@ panel kernel; bf16: the bf16 panels, and the AMX kernel where the CPU has AMX), 
 plain ``F.linear`` interleaved in one process (a runner each), which this
 VM's drift between runs makes the fairer comparison;
 ``--ab-fused-ops`` does the same for the fused C++ element-wise ops against the torch ops they replace, and
-``--ab-module-call`` for the layers called straight through their forward against nn.Module's call, and
+``--ab-module-call`` for the layers called straight through their forward against nn.Module's call,
+``--ab-extend-kernel`` for prefill attention in the C++ extend kernel against the runtime's choice (on an AMX
+CPU, torch's flash attention), and
 ``--ab-bound-attributes`` for weights and submodules read as plain attributes against nn.Module's lookup.
 """
 
@@ -68,7 +70,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="only compare layers called through forward vs nn.Module.__call__, interleaved")
     parser.add_argument("--ab-bound-attributes", action="store_true",
                         help="only compare weights and submodules as plain attributes vs nn.Module's lookup")
+    parser.add_argument("--ab-extend-kernel", action="store_true",
+                        help="only compare prefill attention in the C++ extend kernel vs the runtime's choice here")
     args = parser.parse_args(argv)
+    if args.ab_extend_kernel:
+        _ab_extend_kernel(args)
+        return
     if args.ab_bound_attributes:
         _ab_bound_attributes(args)
         return
@@ -198,6 +205,25 @@ def _ab_fused_ops(args) -> None:
         _time_interleaved(args, {"fused": (runner, use(cpu_kernels)), "torch ops": (runner, use(torch_only))})
     finally:
         layers.cpu_kernels = cpu_kernels
+
+
+def _ab_extend_kernel(args) -> None:
+    """One runner, its prefill attention in the C++ paged extend kernel and where the runtime sends it on this CPU
+    (on an AMX CPU: torch's flash attention through the cascade extend) in turn."""
+    runner = _ab_runner(args)
+    chosen = cpu_kernels.paged_extend_usable
+
+    def forced(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+        return q.dtype == k_cache.dtype == torch.bfloat16 and q.shape[-1] in (32, 64, 128)
+
+    def use(choice) -> Callable[[], None]:
+        return lambda: setattr(cpu_kernels, "paged_extend_usable", choice)
+
+    print(f"{args.dtype}, {torch.get_num_threads()} threads")
+    try:
+        _time_interleaved(args, {"C++ extend": (runner, use(forced)), "runtime's choice": (runner, use(chosen))})
+    finally:
+        cpu_kernels.paged_extend_usable = chosen
 
 
 def _ab_module_call(args) -> None:
