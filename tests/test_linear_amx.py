@@ -37,11 +37,12 @@ def test_the_kernel_choice_on_this_cpu(monkeypatch):
     assert (cpu_linear.choose_kernel(bf16) == "amx") is cpu_kernels.linear_amx_usable()
 
 
-# rows: a tile and its tail (1-17), two tiles (31-33), a chunk of 256 and past it; outputs: one panel, a partial
-# panel, an odd number of panels (the last pair has one), several pairs a thread
+# rows: a tile and its tail (1-17), two tiles (31-33), a chunk of 256 and past it (from 256 rows whole pairs of
+# aligned output rows are streamed); outputs: one panel, a partial panel, an odd number of panels (the last pair
+# has one), several pairs a thread, rows of whole pairs (96: streamed)
 @needs_amx
 @pytest.mark.parametrize("rows", [1, 2, 15, 16, 17, 31, 32, 33, 64, 256, 300])
-@pytest.mark.parametrize("outputs", [16, 37, 48, 80, 200])
+@pytest.mark.parametrize("outputs", [16, 37, 48, 80, 96, 200])
 @pytest.mark.parametrize("features", [64, 96])
 def test_amx_computes_what_fp32_computes_rounded_once(rows, outputs, features):
     gen = torch.Generator().manual_seed(rows * outputs + features)
@@ -68,6 +69,8 @@ def test_amx_gives_a_row_the_same_bits_whatever_rows_share_its_product():
     for rows in (2, 7, 15, 16, 17, 31, 33, 40):
         assert torch.equal(cpu_kernels.linear_amx(x[:rows], panels, 200), alone[:rows]), rows
     assert torch.equal(cpu_kernels.linear_amx(x, panels, 200)[:40], alone)
+    streamed = cpu_kernels.pack_linear_bf16(weight[:96])  # whole pairs of aligned rows: streamed at 300 rows
+    assert torch.equal(cpu_kernels.linear_amx(x, streamed, 96)[:40], alone[:, :96])
 
 
 @needs_amx
