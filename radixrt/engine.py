@@ -48,7 +48,8 @@ from radixrt.protocol.messages import (
     StopProfileReq,
 )
 from radixrt.protocol.request import GenerateInput, Prepared
-from radixrt.server_args import ServerArgs
+from radixrt import env
+from radixrt.server_args import ENGINE_SCHEDULERS, ServerArgs
 
 if TYPE_CHECKING:
     from radixrt.server.detached import DetachedRuntime
@@ -56,12 +57,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger("radixrt.engine")
 
 _LIVE_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
-POLL_SECONDS = 0.5  # how often a waiting caller checks that the scheduler thread is still alive
+POLL_SECONDS = 0.5
+IN_PROCESS_ONLY = ("loaded", "scheduler", "runner", "grammars")  # a threaded Engine's live objects  # how often a waiting caller checks that the scheduler thread is still alive
 
 
 def runs_detached(args: ServerArgs) -> bool:
-    """Whether an Engine with these options runs its scheduler in a process of its own."""
-    return args.engine_scheduler == "process" or (args.engine_scheduler == "auto" and args.device == "cuda")
+    """Whether an Engine with these options runs its scheduler in a process of its own: as asked, else as
+    ``RADIXRT_ENGINE_SCHEDULER`` says, else on CUDA."""
+    choice = args.engine_scheduler
+    if choice == "auto":
+        choice = env.get("RADIXRT_ENGINE_SCHEDULER") or "auto"
+        if choice not in ENGINE_SCHEDULERS:
+            raise ValueError(f"RADIXRT_ENGINE_SCHEDULER={choice!r}; choose one of {', '.join(ENGINE_SCHEDULERS)}")
+    return choice == "process" or (choice == "auto" and args.device == "cuda")
 
 
 class EngineDead(RuntimeDown):
@@ -121,12 +129,18 @@ class Engine:
         self.model_path = resolve_model_path(self.args.model)  # fetched or converted once, before the helpers
         tokenizer_path = str(self.args.tokenizer_path or self.model_path)
         self.tokenizer = load_tokenizer(tokenizer_path, self.args.chat_template)
-        self.loaded = self.scheduler = self.runner = self.grammars = None
         self.client = SchedulerClient(self._send, encode=self.tokenizer.encode, limits=lambda: self._detached.limits)
         self._detached = DetachedRuntime(self.args, tokenizer_path, self._deliver, self.client.fail_all)
         info = self._detached.ready.model_info
         self.eos_ids = set(info["eos_token_ids"])
         self.chat_template = info["chat_template"]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in IN_PROCESS_ONLY and self.__dict__.get("_detached") is not None:
+            raise AttributeError(f"Engine.{name} lives in the scheduler's own process (engine_scheduler='process', "
+                                 "the default on CUDA); pass engine_scheduler='thread' or set "
+                                 "RADIXRT_ENGINE_SCHEDULER=thread to have it here")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _deliver(self, msg: object) -> None:
         """What the detached runtime sends back (its receiver thread): text deltas and control replies."""
@@ -354,7 +368,7 @@ class Engine:
 
     def flush_cache(self) -> bool:
         """Drop the prefix cache; refused (False) while requests are in flight."""
-        if self.scheduler is not None and not self.scheduler.idle:  # detached: the scheduler itself refuses
+        if self._detached is None and not self.scheduler.idle:  # detached: the scheduler itself refuses
             return False
         return self._call(FlushCacheReq()).ok
 

@@ -29,7 +29,10 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in [
     EnvVar("RADIXRT_DISABLE_CPU_KERNELS", "0", "1: no C++ CPU kernels (the torch path runs)"),
     EnvVar("RADIXRT_CPU_VECTORS", None, "build the C++ CPU kernels for narrower vectors than the CPU has "
            "(avx2, avx512)"),
-    EnvVar("RADIXRT_CPU_LINEAR", None, "the packed CPU linear kernel: panels, bf16 or onednn (unset: by CPU and dtype)"),
+    EnvVar("RADIXRT_CPU_LINEAR", None, "the packed CPU linear kernel: panels, bf16, amx or onednn (unset: by CPU "
+           "and dtype)"),
+    EnvVar("RADIXRT_ENGINE_SCHEDULER", None, "where an Engine left at engine_scheduler=auto runs its scheduler: "
+           "thread or process (unset: process on CUDA, thread on a CPU)"),
     EnvVar("RADIXRT_DISABLE_PACKED_LINEAR", "0", "1: CPU linear layers run F.linear on unpacked weights"),
     EnvVar("RADIXRT_DISABLE_MALLOC_TUNING", "0", "1: leave glibc's allocator settings alone"),
     EnvVar("RADIXRT_TRITON_AUTOTUNE", "1", "0: Triton kernels launch one fixed config instead of autotuning"),

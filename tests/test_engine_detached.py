@@ -35,6 +35,17 @@ def test_auto_keeps_the_scheduler_on_a_thread_on_a_cpu_and_detaches_it_on_cuda(d
     assert not runs_detached(ServerArgs()) and runs_detached(ServerArgs(engine_scheduler="process"))
 
 
+def test_the_environment_picks_where_an_auto_engine_runs_its_scheduler(monkeypatch):
+    monkeypatch.setenv("RADIXRT_ENGINE_SCHEDULER", "thread")
+    assert not runs_detached(ServerArgs(device="cuda"))
+    assert runs_detached(ServerArgs(device="cuda", engine_scheduler="process"))  # an explicit choice wins
+    monkeypatch.setenv("RADIXRT_ENGINE_SCHEDULER", "process")
+    assert runs_detached(ServerArgs())
+    monkeypatch.setenv("RADIXRT_ENGINE_SCHEDULER", "elsewhere")
+    with pytest.raises(ValueError, match="RADIXRT_ENGINE_SCHEDULER='elsewhere'"):
+        runs_detached(ServerArgs())
+
+
 def test_the_same_greedy_tokens_text_and_meta_as_the_threaded_engine(detached, default_model_path):
     with radixrt.Engine(engine_scheduler="thread", **OPTIONS) as threaded:
         expected = threaded.generate(PROMPTS, GREEDY)
@@ -44,7 +55,9 @@ def test_the_same_greedy_tokens_text_and_meta_as_the_threaded_engine(detached, d
     assert [r["text"] for r in got] == [r["text"] for r in expected]
     assert [r["meta_info"]["finish_reason"] for r in got] == [r["meta_info"]["finish_reason"] for r in expected]
     assert detached.get_model_info() == info
-    assert detached.scheduler is None and detached.runner is None
+    for name in ("scheduler", "runner", "loaded", "grammars"):
+        with pytest.raises(AttributeError, match="engine_scheduler='thread'"):
+            getattr(detached, name)
     assert detached.eos_ids == set(info["eos_token_ids"])
 
 
