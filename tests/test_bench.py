@@ -181,7 +181,7 @@ def test_linear_bench_times_the_bf16_kernels(capsys):
     out = capsys.readouterr().out
     from radixrt.model import cpu_linear
 
-    own = ["bf16"] if cpu_kernels.linear_bf16_built() else []
+    own = (["bf16"] if cpu_kernels.linear_bf16_built() else []) + (["amx"] if cpu_kernels.linear_amx_usable() else [])
     with mock.patch.dict(os.environ, {cpu_linear.KERNEL_ENV: "onednn"}):
         onednn = ["onednn"] if cpu_linear.pack_weight(torch.ones(2, 2, dtype=torch.bfloat16)) is not None else []
     kernels = own + onednn + ["plain"]

@@ -144,3 +144,17 @@ def test_a_scheduler_that_fails_to_start_raises_in_the_callers_thread(default_mo
     # the default model's 9 heads do not split over 2 ranks: the scheduler process refuses to load it
     with pytest.raises(RuntimeError, match="scheduler process exited with code 1"):
         radixrt.Engine(engine_scheduler="process", dtype="float32", tp_size=2)
+
+
+def test_a_stream_left_early_aborts_its_request(detached):
+    stream = detached.generate("count slowly:", {"max_new_tokens": 2000, "ignore_eos": True, "temperature": 0},
+                               stream=True)
+    next(stream)
+    next(stream)
+    stream.close()  # the caller walks away: the request is aborted, its pages freed
+    deadline = time.monotonic() + 30
+    while detached.get_stats()["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert detached.get_stats()["num_running"] == 0
+    after = detached.generate("after", {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True})
+    assert after["meta_info"]["completion_tokens"] == 2

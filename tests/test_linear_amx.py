@@ -41,8 +41,8 @@ def test_the_kernel_choice_on_this_cpu(monkeypatch):
 # aligned output rows are streamed); outputs: one panel, a partial panel, an odd number of panels (the last pair
 # has one), several pairs a thread, rows of whole pairs (96: streamed)
 @needs_amx
-@pytest.mark.parametrize("rows", [1, 2, 15, 16, 17, 31, 32, 33, 64, 256, 300])
-@pytest.mark.parametrize("outputs", [16, 37, 48, 80, 96, 200])
+@pytest.mark.parametrize("rows", [1, 15, 17, 32, 33, 256, 300])
+@pytest.mark.parametrize("outputs", [16, 37, 48, 96, 200])
 @pytest.mark.parametrize("features", [64, 96])
 def test_amx_computes_what_fp32_computes_rounded_once(rows, outputs, features):
     gen = torch.Generator().manual_seed(rows * outputs + features)
