@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "paged_extend.cpp", "fused_ops.cpp",
                                     "linear_panels.cpp", "linear_bf16.cpp", "linear_amx.cpp")]
-HEADERS = [CSRC / "dtype_vec.h", CSRC / "bf16_pairs.h"]
+HEADERS = [CSRC / "dtype_vec.h", CSRC / "bf16_pairs.h", CSRC / "panel_product.h"]
 VECTORS_ENV = "RADIXRT_CPU_VECTORS"
 AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # what ATen's AVX-512 vectors need
 LEVELS = ("avx512bf16", "avx512", "avx2", "default")

@@ -22,6 +22,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "panel_product.h"
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(CPU_CAPABILITY_AVX512)
 #define RADIXRT_AMX 1
 #include <immintrin.h>
@@ -162,14 +164,10 @@ bool linear_amx_usable() {
 at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias) {
 #ifdef RADIXRT_AMX
   TORCH_CHECK(linear_amx_usable(), "AMX tiles are not usable in this process");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && panels.scalar_type() == at::kBFloat16, "x and panels must be bf16");
-  TORCH_CHECK(panels.dim() == 4 && panels.size(2) == kCols && panels.size(3) == 2 && panels.is_contiguous(),
-              "panels must come from pack_linear_bf16");
-  const int64_t half_k = panels.size(1), k = 2 * half_k, num_panels = panels.size(0);
+  const radixrt::PanelProduct product = radixrt::check_panel_product(x, panels, out_features, bias, kCols);
+  const int64_t k = product.k, half_k = k / 2, num_panels = product.num_panels;
   TORCH_CHECK(k % kTileK == 0, "the AMX path needs K a multiple of 32; got ", k);
-  TORCH_CHECK(x.size(-1) == k, "x has ", x.size(-1), " features, the weight ", k);
-  TORCH_CHECK(out_features > (num_panels - 1) * kCols && out_features <= num_panels * kCols,
-              "out_features disagrees with the panels");
+  const at::Tensor& b = product.bias;
   auto x2 = x.reshape({-1, k});
   const int64_t rows = x2.size(0);
   const int64_t padded_rows = (rows + 15) / 16 * 16;
@@ -178,13 +176,6 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
     padded.narrow(0, 0, rows).copy_(x2);
     x2 = padded;
   }
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == out_features, "bias must have out_features elements");
-    b = bias->to(at::kFloat).contiguous();
-  }
-  auto out_shape = x.sizes().vec();
-  out_shape.back() = out_features;
   auto out = at::empty({rows, out_features}, x.options());
   const auto* xp = x2.data_ptr<c10::BFloat16>();
   const auto* wp = panels.data_ptr<c10::BFloat16>();
@@ -219,7 +210,7 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
       _tile_release();
     });
   }
-  return out.view(out_shape);
+  return out.view(product.out_shape);
 #else
   TORCH_CHECK(false, "this build has no AMX path (it needs a CPU with AMX-BF16)");
 #endif

@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "bf16_pairs.h"
+#include "panel_product.h"
 
 namespace {
 
@@ -204,23 +205,12 @@ at::Tensor pack_linear_bf16(at::Tensor weight) {
 
 // x [..., K] bf16 (rows contiguous) times the packed weight: [..., out_features] bf16; bias fp32/bf16 [out].
 at::Tensor linear_bf16(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && panels.scalar_type() == at::kBFloat16, "x and panels must be bf16");
-  TORCH_CHECK(panels.dim() == 4 && panels.size(2) == kCols && panels.size(3) == 2 && panels.is_contiguous(),
-              "panels must come from pack_linear_bf16");
-  const int64_t half_k = panels.size(1), k = 2 * half_k, num_panels = panels.size(0);
-  TORCH_CHECK(x.size(-1) == k, "x has ", x.size(-1), " features, the weight ", k);
-  TORCH_CHECK(out_features > (num_panels - 1) * kCols && out_features <= num_panels * kCols,
-              "out_features disagrees with the panels");
+  const radixrt::PanelProduct product = radixrt::check_panel_product(x, panels, out_features, bias, kCols);
+  const int64_t k = product.k, half_k = k / 2, num_panels = product.num_panels;
+  const at::Tensor& b = product.bias;
   auto x2 = x.reshape({-1, k});
   if (x2.stride(1) != 1 || x2.stride(0) < k) x2 = x2.contiguous();
   const int64_t rows = x2.size(0), ldx = x2.stride(0);
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == out_features, "bias must have out_features elements");
-    b = bias->to(at::kFloat).contiguous();
-  }
-  auto out_shape = x.sizes().vec();
-  out_shape.back() = out_features;
   auto out = at::empty({rows, out_features}, x.options());
   const auto* xp = x2.data_ptr<c10::BFloat16>();
   const auto* wp = reinterpret_cast<const uint32_t*>(panels.data_ptr<c10::BFloat16>());
@@ -237,5 +227,5 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor panels, int64_t out_features, c1
     }
     panel_groups<false>(xp, ldx, wp, half_k, num_panels, groups, bp, op, out_features, r0, block);
   }
-  return out.view(out_shape);
+  return out.view(product.out_shape);
 }

@@ -192,54 +192,39 @@ def _ab_runner(args) -> ModelRunner:
                        num_pages=1 + args.batch * own)
 
 
-def _ab_fused_ops(args) -> None:
-    """One runner, its layers' fused C++ ops (RMSNorm, SiLU-and-mul, rotary) switched on and off in turn."""
+def _ab_swapped(args, owner, name: str, variants: dict[str, object]) -> None:
+    """One runner, ``owner.name`` set to each of ``variants`` in turn (restored afterwards)."""
     runner = _ab_runner(args)
-    torch_only = SimpleNamespace(load=lambda: None)
-
-    def use(kernels) -> Callable[[], None]:
-        return lambda: setattr(layers, "cpu_kernels", kernels)
-
+    original = getattr(owner, name)
     print(f"{args.dtype}, {torch.get_num_threads()} threads")
     try:
-        _time_interleaved(args, {"fused": (runner, use(cpu_kernels)), "torch ops": (runner, use(torch_only))})
+        _time_interleaved(args, {label: (runner, lambda value=value: setattr(owner, name, value))
+                                 for label, value in variants.items()})
     finally:
-        layers.cpu_kernels = cpu_kernels
+        setattr(owner, name, original)
+
+
+def _ab_fused_ops(args) -> None:
+    """Its layers' fused C++ ops (RMSNorm, SiLU-and-mul, rotary) switched on and off in turn."""
+    _ab_swapped(args, layers, "cpu_kernels", {"fused": cpu_kernels, "torch ops": SimpleNamespace(load=lambda: None)})
 
 
 def _ab_extend_kernel(args) -> None:
-    """One runner, its prefill attention in the C++ paged extend kernel and where the runtime sends it on this CPU
-    (on an AMX CPU: torch's flash attention through the cascade extend) in turn."""
-    runner = _ab_runner(args)
-    chosen = cpu_kernels.paged_extend_usable
+    """Prefill attention in the C++ paged extend kernel and where the runtime sends it on this CPU (on an AMX CPU:
+    torch's flash attention through the cascade extend) in turn."""
 
     def forced(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
         return q.dtype == k_cache.dtype == torch.bfloat16 and q.shape[-1] in (32, 64, 128)
 
-    def use(choice) -> Callable[[], None]:
-        return lambda: setattr(cpu_kernels, "paged_extend_usable", choice)
-
-    print(f"{args.dtype}, {torch.get_num_threads()} threads")
-    try:
-        _time_interleaved(args, {"C++ extend": (runner, use(forced)), "runtime's choice": (runner, use(chosen))})
-    finally:
-        cpu_kernels.paged_extend_usable = chosen
+    _ab_swapped(args, cpu_kernels, "paged_extend_usable",
+                {"C++ extend": forced, "runtime's choice": cpu_kernels.paged_extend_usable})
 
 
 def _ab_module_call(args) -> None:
-    """One runner, its layers called straight through their forward (``InferenceModule``) and through
-    nn.Module's ``__call__`` (hook checks around every forward) in turn."""
-    runner = _ab_runner(args)
-    straight = InferenceModule.__call__
-
-    def use(call) -> Callable[[], None]:
-        return lambda: setattr(InferenceModule, "__call__", call)
-
-    print(f"{args.dtype}, {torch.get_num_threads()} threads")
-    try:
-        _time_interleaved(args, {"forward": (runner, use(straight)), "nn.Module call": (runner, use(nn.Module.__call__))})
-    finally:
-        InferenceModule.__call__ = straight
+    """Its layers called straight through their forward (``InferenceModule``) and through nn.Module's
+    ``__call__`` (hook checks around every forward) in turn."""
+    _ab_swapped(args, InferenceModule, "__call__",
+                {"forward": InferenceModule.__call__, "nn.Module call": nn.Module.__call__})
 
 
 def _ab_bound_attributes(args) -> None:
