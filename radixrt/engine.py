@@ -10,7 +10,8 @@ scheduler (``radixrt.client.SchedulerClient``), as the server's do. Where the sc
   ``grammars`` are the live objects (benchmarks and tests read them).
 - ``process`` (the default on CUDA, as SGLang's and vLLM's engines run theirs): in a process of its own, with the
   detokenizer in another, started as ``radixrt serve`` starts them (``radixrt.server.detached``), so no thread of
-  the caller's shares the scheduler's GIL. Those four attributes are None; a helper that dies is ``EngineDead``.
+  the caller's shares the scheduler's GIL. Reading those four attributes is an AttributeError that says how to
+  get them; a helper that dies is ``EngineDead``.
 
 A request the runtime cannot serve raises ``ValueError`` (``RequestError``) before it is queued; a request that
 failed inside the runtime (its batch's forward failed) raises ``RuntimeError`` (``RequestFailed``) while the
@@ -32,6 +33,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
 
+from radixrt import env
 from radixrt.client import Handle, LoopWaker, SchedulerClient, ThreadWaker
 from radixrt.detokenize import Detokenizer
 from radixrt.protocol.errors import RuntimeDown
@@ -48,7 +50,6 @@ from radixrt.protocol.messages import (
     StopProfileReq,
 )
 from radixrt.protocol.request import GenerateInput, Prepared
-from radixrt import env
 from radixrt.server_args import ENGINE_SCHEDULERS, ServerArgs
 
 if TYPE_CHECKING:
@@ -57,8 +58,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("radixrt.engine")
 
 _LIVE_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
-POLL_SECONDS = 0.5
-IN_PROCESS_ONLY = ("loaded", "scheduler", "runner", "grammars")  # a threaded Engine's live objects  # how often a waiting caller checks that the scheduler thread is still alive
+POLL_SECONDS = 0.5  # how often a waiting caller checks that the scheduler is still alive
+IN_PROCESS_ONLY = ("loaded", "scheduler", "runner", "grammars")  # a threaded Engine's live objects
 
 
 def runs_detached(args: ServerArgs) -> bool:
