@@ -18,6 +18,12 @@ class ModelLimits:
     page_size: int
     num_pages: int
 
+    @classmethod
+    def of_ready(cls, ready: Any) -> "ModelLimits":
+        """The limits a scheduler process announced in its ``SchedulerReady``."""
+        return cls(vocab_size=ready.vocab_size, context_length=ready.context_length, page_size=ready.page_size,
+                   num_pages=ready.num_pages)
+
 
 @dataclass(frozen=True)
 class ClientLimits:

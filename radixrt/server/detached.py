@@ -66,9 +66,7 @@ class DetachedRuntime:
 
     @property
     def limits(self) -> ModelLimits:
-        r = self.ready
-        return ModelLimits(vocab_size=r.vocab_size, context_length=r.context_length, page_size=r.page_size,
-                           num_pages=r.num_pages)
+        return ModelLimits.of_ready(self.ready)
 
     def problem(self) -> str | None:
         """Why the runtime cannot serve any more (a helper exited), or None."""

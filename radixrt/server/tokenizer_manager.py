@@ -152,9 +152,7 @@ class TokenizerManager:
 
     @property
     def limits(self) -> ModelLimits:
-        r = self.ready
-        return ModelLimits(vocab_size=r.vocab_size, context_length=r.context_length, page_size=r.page_size,
-                           num_pages=r.num_pages)
+        return ModelLimits.of_ready(self.ready)
 
     @property
     def client_limits(self) -> ClientLimits:
