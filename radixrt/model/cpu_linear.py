@@ -16,8 +16,9 @@
   sizes (docs/BENCHMARKS.md).
 - ``amx`` (radixrt.kernels' ``linear_amx``): bf16 on CPUs with AMX, the same panels read as AMX B tiles, 32 rows
   by 2 panels a step. On a Xeon with AMX (2 vCPUs, the default model's projections) it ran 1.2-1.5x oneDNN's
-  prepacked kernel from 1 to 512 rows and 0.96x at 2,048 (prefill chunks). Every row gets the same bits whatever rows come with it (oneDNN's do not), so a speculative verify
-  row gets its decode row's bits on these CPUs too. Input widths not a multiple of 32 keep oneDNN.
+  prepacked kernel from 1 to 512 rows and 0.96x at 2,048 (prefill chunks). Every row gets the same bits whatever
+  rows come with it (oneDNN's do not), so a speculative verify row gets its decode row's bits on these CPUs too.
+  Input widths not a multiple of 32 keep oneDNN.
 - ``onednn``: oneDNN's blocked layout (what inductor's ``mkldnn`` linear does), for everything else. Its bf16
   kernels need AVX512-BF16/AMX or AVX-NE-CONVERT; where the CPU lacks them the reorder fails and the layer
   keeps ``F.linear``.

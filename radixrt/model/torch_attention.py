@@ -7,8 +7,8 @@ A decode batch runs the cascade decode (:mod:`radixrt.kernels.torch_cascade`: a 
 requests is read once), or with a sliding window the C++ paged decode (:mod:`radixrt.kernels.cpu_kernels`)
 when it is usable, else :mod:`radixrt.kernels.torch_ref`. An extend batch in bf16 runs the C++ paged extend
 where it is vectorized and the CPU has no AMX (AVX-512 builds: pages read in place, 2-3x torch's attention over
-gathered pages; with AMX torch's flash attention runs on the tiles, 3x this kernel), else the cascade extend, or ``torch_ref`` with a sliding window. An extend batch of at most ``SHORT_EXTEND`` new
-tokens a request (a speculative verify step) runs as a decode with a row per token (:class:`DecodeRows`); in a
+gathered pages; with AMX torch's flash attention runs on the tiles, 3x this kernel), else the cascade extend, or
+``torch_ref`` with a sliding window. An extend batch of at most ``SHORT_EXTEND`` new tokens a request (a speculative verify step) runs as a decode with a row per token (:class:`DecodeRows`); in a
 mixed batch those requests do, and the rest run as an extend (:class:`MixedSplit`). What the page table implies
 is the same for every layer, so plans are derived once per forward and kept in ``batch.attn_cache``.
 """

@@ -53,7 +53,6 @@ class DetachedRuntime:
         self._decode = decoder(TokenizerInbound).decode
         self._send_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._problem: str | None = None
         self._procs: dict[str, subprocess.Popen] = {}
         try:
             self._procs = spawn_helpers(args, self._ipc_dir, tokenizer_path)
@@ -70,7 +69,7 @@ class DetachedRuntime:
 
     def problem(self) -> str | None:
         """Why the runtime cannot serve any more (a helper exited), or None."""
-        return self._problem or dead_helper(self._procs)
+        return dead_helper(self._procs)
 
     def send(self, msg: object) -> None:
         frame = ENCODER.encode(msg)
@@ -98,7 +97,6 @@ class DetachedRuntime:
                 if not self._inbox.poll(POLL_MS):
                     problem = dead_helper(self._procs)
                     if problem is not None and not self._stopping.is_set():
-                        self._problem = problem
                         logger.error("%s; the engine cannot serve any more", problem)
                         self._fail(problem)
                         return
