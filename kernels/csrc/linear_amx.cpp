@@ -11,7 +11,8 @@
 // written through the cache, each output line was first read from memory, and at 2,048 rows those reads took a
 // fifth of the product's time (264 -> 200 ms for the default model's projections, oneDNN 186-189).
 // Rows go in chunks of kChunkRows; in each, threads take pairs of panels and walk the chunk's row blocks against
-// them, so a pair's weights stay in L1/L2 while the chunk's rows, in L2, pass. Rows past a multiple of 16 are padded with zeros in a scratch copy of x (a tile loads 16 rows).
+// them, so a pair's weights stay in L1/L2 while the chunk's rows, in L2, pass. Rows past a multiple of 16 are
+// read from a zero-padded copy of one tile (a tile loads 16 rows); the others in place.
 // Needs K a multiple of 32, a build for a CPU with AMX-BF16 (-march=native there) and the kernel's permission to
 // use the tile registers (arch_prctl, asked once); linear_amx_usable() says whether all hold.
 #include <ATen/core/Tensor.h>
@@ -114,18 +115,18 @@ struct Pending {
   }
 };
 
-// One step: rows [0, 16 * a_tiles) of xb (ldx apart) times panels [0, b_tiles) of wb, over all k, into the
-// accumulator tiles (store_tiles writes them out).
-inline void block_product(const c10::BFloat16* xb, int64_t ldx, const c10::BFloat16* wb, int64_t panel_elems,
-                          int64_t k, int a_tiles, int b_tiles) {
+// One step: the 16 rows at a0 (and, with a_tiles 2, the 16 at a1), lda elements apart, times panels [0, b_tiles)
+// of wb, over all k, into the accumulator tiles (store_tiles writes them out).
+inline void block_product(const c10::BFloat16* a0, const c10::BFloat16* a1, int64_t lda, const c10::BFloat16* wb,
+                          int64_t panel_elems, int64_t k, int a_tiles, int b_tiles) {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  const int64_t x_stride = ldx * 2;
+  const int64_t a_stride = lda * 2;
   for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
     const c10::BFloat16* w0 = wb + k0 * kCols;  // 16 pairs of k = 32 k, 16 columns: k0 / 2 pairs * 32 elements
-    _tile_loadd(4, xb + k0, x_stride);
+    _tile_loadd(4, a0 + k0, a_stride);
     _tile_loadd(6, w0, 64);
     _tile_dpbf16ps(0, 4, 6);
     if (b_tiles == 2) {
@@ -133,7 +134,7 @@ inline void block_product(const c10::BFloat16* xb, int64_t ldx, const c10::BFloa
       _tile_dpbf16ps(1, 4, 7);
     }
     if (a_tiles == 2) {
-      _tile_loadd(5, xb + 16 * ldx + k0, x_stride);
+      _tile_loadd(5, a1 + k0, a_stride);
       _tile_dpbf16ps(2, 5, 6);
       if (b_tiles == 2) _tile_dpbf16ps(3, 5, 7);
     }
@@ -169,15 +170,20 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
   TORCH_CHECK(k % kTileK == 0, "the AMX path needs K a multiple of 32; got ", k);
   const at::Tensor& b = product.bias;
   auto x2 = x.reshape({-1, k});
+  if (x2.stride(1) != 1 || x2.stride(0) != k) x2 = x2.contiguous();
   const int64_t rows = x2.size(0);
-  const int64_t padded_rows = (rows + 15) / 16 * 16;
-  if (padded_rows != rows || x2.stride(1) != 1 || x2.stride(0) != k) {
-    auto padded = at::zeros({padded_rows, k}, x.options());
-    padded.narrow(0, 0, rows).copy_(x2);
-    x2 = padded;
+  const int64_t padded_rows = (rows + 15) / 16 * 16, whole = rows / 16 * 16;
+  // Rows past the last whole tile are read from a zero-padded copy of one tile; the rest in place. (A padded copy
+  // of all of x cost a tenth of a decode step's products at 8 rows: a fresh buffer's pages zeroed every call.)
+  at::Tensor tail;
+  if (whole < rows) {
+    tail = at::zeros({16, k}, x.options());
+    tail.narrow(0, 0, rows - whole).copy_(x2.narrow(0, whole, rows - whole));
   }
   auto out = at::empty({rows, out_features}, x.options());
   const auto* xp = x2.data_ptr<c10::BFloat16>();
+  const auto* tp = tail.defined() ? tail.data_ptr<c10::BFloat16>() : nullptr;
+  auto tile_rows = [&](int64_t r) { return r < whole ? xp + r * k : tp; };  // the 16 rows from row r (r % 16 == 0)
   const auto* wp = panels.data_ptr<c10::BFloat16>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   auto* op = out.data_ptr<c10::BFloat16>();
@@ -197,7 +203,8 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
         const c10::BFloat16* wb = wp + p0 * panel_elems;
         for (int64_t r0 = chunk; r0 < chunk_end; r0 += kBlockRows) {
           const int a_tiles = chunk_end - r0 >= kBlockRows ? 2 : 1;
-          block_product(xp + r0 * k, k, wb, panel_elems, k, a_tiles, static_cast<int>(b_tiles));
+          block_product(tile_rows(r0), tile_rows(r0 + 16), k, wb, panel_elems, k, a_tiles,
+                        static_cast<int>(b_tiles));
           pending.flush(out_features, stream);
           float* buffer = sums[pending.next_buffer()];
           store_tiles(buffer);
