@@ -162,3 +162,30 @@ def test_a_decode_steps_rows_are_sampled_without_a_copy():
     other = torch.randn(1, 10)
     mixed = [last[0], other[0]]
     assert torch.equal(_stacked(mixed), torch.stack(mixed))
+
+
+def test_a_verify_steps_blocks_are_sampled_without_a_copy():
+    """A verify step's requests each have a block of rows; back to back they are read in place, else copied."""
+    from radixrt.scheduler.output import _stacked
+
+    logits = torch.randn(9, 10)
+    blocks = list(logits.split([3, 1, 5]))
+    view = _stacked(blocks)
+    assert torch.equal(view, logits) and view.data_ptr() == logits.data_ptr()
+    later = _stacked(blocks[1:])  # starting past the first row of the tensor
+    assert torch.equal(later, logits[3:]) and later.data_ptr() == logits[3:].data_ptr()
+    for parts in ([blocks[0], blocks[2]], [blocks[2], blocks[0]], [blocks[0], torch.randn(2, 10)],
+                  [logits[:3, :5], logits[3:, :5]]):  # a gap, out of order, another tensor, strided columns
+        assert torch.equal(_stacked(parts), torch.cat(parts))
+
+
+def test_greedy_tokens_are_argmax_on_ties_and_non_finite_rows():
+    from radixrt.sampling.sampler import greedy_tokens
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(64, 49152, generator=gen) * 4).round() / 4  # many equal values a row
+    logits[:8, torch.randint(0, 49152, (3,), generator=gen)] = 100.0  # three maxima
+    logits[8] = float("-inf")  # a row a grammar mask emptied
+    logits[9, 7] = float("nan")
+    assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+    assert greedy_tokens(logits)[9] == 7
