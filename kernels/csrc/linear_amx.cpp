@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "panel_product.h"
 
@@ -173,16 +174,19 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
   if (x2.stride(1) != 1 || x2.stride(0) != k) x2 = x2.contiguous();
   const int64_t rows = x2.size(0);
   const int64_t padded_rows = (rows + 15) / 16 * 16, whole = rows / 16 * 16;
-  // Rows past the last whole tile are read from a zero-padded copy of one tile; the rest in place. (A padded copy
-  // of all of x cost a tenth of a decode step's products at 8 rows: a fresh buffer's pages zeroed every call.)
-  at::Tensor tail;
+  // Rows past the last whole tile are read from a zero-padded copy of one tile in a buffer the thread keeps; the
+  // rest in place. (A padded copy of all of x in a fresh tensor cost a tenth of a decode step's products at 8 rows.)
+  const auto* xp = x2.data_ptr<c10::BFloat16>();
+  thread_local std::vector<c10::BFloat16> tail;
+  const c10::BFloat16* tp = nullptr;
   if (whole < rows) {
-    tail = at::zeros({16, k}, x.options());
-    tail.narrow(0, 0, rows - whole).copy_(x2.narrow(0, whole, rows - whole));
+    tail.resize(16 * k);
+    const int64_t copied = (rows - whole) * k;
+    std::memcpy(tail.data(), xp + whole * k, copied * sizeof(c10::BFloat16));
+    std::memset(static_cast<void*>(tail.data() + copied), 0, (16 * k - copied) * sizeof(c10::BFloat16));
+    tp = tail.data();
   }
   auto out = at::empty({rows, out_features}, x.options());
-  const auto* xp = x2.data_ptr<c10::BFloat16>();
-  const auto* tp = tail.defined() ? tail.data_ptr<c10::BFloat16>() : nullptr;
   auto tile_rows = [&](int64_t r) { return r < whole ? xp + r * k : tp; };  // the 16 rows from row r (r % 16 == 0)
   const auto* wp = panels.data_ptr<c10::BFloat16>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
