@@ -42,7 +42,8 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "paged_extend.cpp", "fused_ops.cpp",
                                     "linear_panels.cpp", "linear_bf16.cpp", "linear_amx.cpp")]
-HEADERS = [CSRC / "dtype_vec.h", CSRC / "bf16_pairs.h", CSRC / "panel_product.h"]
+HEADERS = [CSRC / "dtype_vec.h", CSRC / "bf16_pairs.h", CSRC / "panel_product.h", CSRC / "amx_tiles.h",
+           CSRC / "attend_amx.h"]
 VECTORS_ENV = "RADIXRT_CPU_VECTORS"
 AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # what ATen's AVX-512 vectors need
 LEVELS = ("avx512bf16", "avx512", "avx2", "default")
@@ -229,18 +230,20 @@ def paged_decode(
     sliding_window: int = 0,
     chunks: CascadeChunks | None = None,
     portable: bool = False,
+    tiles: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode attention of ``q`` ``[B, heads, D]`` over paged K/V read in place: (out, log-sum-exp fp32).
 
     ``page_table`` ``[B, W]`` and ``seq_lens`` ``[B]`` (each >= 1) are int32; q and the caches share a dtype.
     With ``chunks`` (no sliding window), each request first attends to its chunk's shared pages, read once for
     the whole chunk, and ``page_table``/``seq_lens`` describe its keys after them. bf16 runs on AVX512-BF16 dot
-    products where :func:`bf16_dot_built` (head_dim 32, 64 or 128); ``portable`` forces the fp32 path instead.
+    products where :func:`bf16_dot_built` (head_dim 32, 64 or 128), with those products on AMX tiles where
+    :func:`decode_tiles_usable` (``tiles=False``: not); ``portable`` forces the fp32 path instead.
     """
     cascade = (None,) * 5 if chunks is None else (chunks.rows, chunks.offsets, chunks.groups, chunks.shared_table,
                                                   chunks.shared_pages)
     out, lse = _call("radixrt::paged_decode", _module().paged_decode, q, k_cache, v_cache, page_table, seq_lens,
-                     float(sm_scale), int(sliding_window), *cascade, bool(portable))
+                     float(sm_scale), int(sliding_window), *cascade, bool(portable), bool(tiles))
     return out, lse
 
 
@@ -264,6 +267,13 @@ def paged_extend_usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
         return False
     module = load()
     return module is not None and q.shape[-1] in (32, 64, 128) and module.paged_extend_vectorized()
+
+
+def decode_tiles_usable() -> bool:
+    """Whether :func:`paged_decode` multiplies bf16 on AMX tiles here (an AMX CPU, its tiles granted): up to 16 query
+    rows at once, so that a chunk's requests that read the same pages (a verify step's rows) walk them together."""
+    module = load()
+    return module is not None and module.decode_tiles_usable()
 
 
 def bf16_dot_built() -> bool:

@@ -52,7 +52,7 @@ class DecodePlan:
     own_lens: torch.Tensor  # [B] int32: how many keys each request has in ``pages``
     own_table: torch.Tensor  # ``pages`` as int32, for the C++ kernel
     _biases: dict = field(default_factory=dict, repr=False)
-    _chunks: cpu_kernels.CascadeChunks | None = field(default=None, repr=False)
+    _chunks: dict = field(default_factory=dict, repr=False)  # joint -> the kernel's chunks
 
     def bias(self, dtype: torch.dtype) -> torch.Tensor:
         """``allowed`` as an additive mask (0 / -inf) of ``dtype``, made once per forward."""
@@ -62,38 +62,63 @@ class DecodePlan:
         return self._biases[dtype]
 
 
-    def kernel_chunks(self, kv_heads: int) -> cpu_kernels.CascadeChunks:
-        """The groups as the C++ kernel's chunks (made once per forward): where a chunk per group would leave
-        threads idle, a group is cut into chunks small enough to keep every thread busy (about
-        :data:`ITEMS_PER_THREAD` (chunk, kv head) items per thread); each request outside a group is a chunk of
-        its own. Many small groups (a verify step's rows, a request each) stay whole."""
-        if self._chunks is None:
-            rows, offsets, groups = [], [0], []
-            target_items = ITEMS_PER_THREAD * torch.get_num_threads()
-            ungrouped = self.pages.shape[0] - sum(len(shared.rows) for shared in self.groups)
-            enough = (len(self.groups) + ungrouped) * kv_heads >= target_items
-            for g, shared in enumerate(self.groups):
-                members = shared.rows.tolist()
-                size = min(MAX_CHUNK, len(members) if enough else max(1, -(-len(members) * kv_heads // target_items)))
-                for start in range(0, len(members), size):
-                    rows.extend(members[start : start + size])
-                    offsets.append(len(rows))
-                    groups.append(g)
-            grouped = set(rows)
-            for r in range(self.pages.shape[0]):
-                if r not in grouped:
-                    rows.append(r)
-                    offsets.append(len(rows))
-                    groups.append(-1)
-            width = max(1, max((len(shared.pages) for shared in self.groups), default=1))
-            shared_table = torch.zeros(max(1, len(self.groups)), width, dtype=torch.int32)
-            for g, shared in enumerate(self.groups):
-                shared_table[g, : len(shared.pages)] = shared.pages
-            as_int = lambda values: torch.tensor(values, dtype=torch.int32)
-            self._chunks = cpu_kernels.CascadeChunks(
-                rows=as_int(rows), offsets=as_int(offsets), groups=as_int(groups), shared_table=shared_table,
-                shared_pages=as_int([len(shared.pages) for shared in self.groups] or [0]))
-        return self._chunks
+    def kernel_chunks(self, kv_heads: int, joint: bool = False) -> cpu_kernels.CascadeChunks | None:
+        """The groups as the C++ kernel's chunks (made once per forward), or None where every request would be a
+        chunk of its own with nothing shared. With ``joint`` (the kernel walks a chunk's requests that read the
+        same pages together: :func:`cpu_kernels.decode_tiles_usable`), consecutive requests outside a group with
+        the same own pages (a verify step's rows of one request) are kept together like a group's. Where a chunk
+        per group would leave threads idle, a group is cut into chunks small enough to keep every thread busy
+        (about :data:`ITEMS_PER_THREAD` (chunk, kv head) items per thread); each other request is a chunk of its
+        own. Many small groups (a verify step's rows, a request each) stay whole."""
+        if joint not in self._chunks:
+            self._chunks[joint] = self._make_chunks(kv_heads, joint)
+        return self._chunks[joint]
+
+    def _make_chunks(self, kv_heads: int, joint: bool) -> cpu_kernels.CascadeChunks | None:
+        grouped: set[int] = set()
+        units: list[tuple[list[int], int]] = []  # (requests, group or -1)
+        for g, shared in enumerate(self.groups):
+            members = shared.rows.tolist()
+            grouped.update(members)
+            units.append((members, g))
+        alone = [r for r in range(self.pages.shape[0]) if r not in grouped]
+        runs = _same_page_runs(self.own_table, alone) if joint else [[r] for r in alone]
+        if not self.groups and all(len(run) == 1 for run in runs):
+            return None
+        units += [(run, -1) for run in runs]
+        target_items = ITEMS_PER_THREAD * torch.get_num_threads()
+        enough = len(units) * kv_heads >= target_items
+        rows, offsets, groups = [], [0], []
+        for members, g in units:
+            size = min(MAX_CHUNK, len(members) if enough else max(1, -(-len(members) * kv_heads // target_items)))
+            for start in range(0, len(members), size):
+                rows.extend(members[start : start + size])
+                offsets.append(len(rows))
+                groups.append(g)
+        width = max(1, max((len(shared.pages) for shared in self.groups), default=1))
+        shared_table = torch.zeros(max(1, len(self.groups)), width, dtype=torch.int32)
+        for g, shared in enumerate(self.groups):
+            shared_table[g, : len(shared.pages)] = shared.pages
+        as_int = lambda values: torch.tensor(values, dtype=torch.int32)
+        return cpu_kernels.CascadeChunks(
+            rows=as_int(rows), offsets=as_int(offsets), groups=as_int(groups), shared_table=shared_table,
+            shared_pages=as_int([len(shared.pages) for shared in self.groups] or [0]))
+
+
+def _same_page_runs(table: torch.Tensor, rows: list[int]) -> list[list[int]]:
+    """``rows`` (ascending) in runs of consecutive requests whose rows of ``table`` are equal."""
+    if not rows:
+        return []
+    index = torch.tensor(rows)
+    picked = table[index]
+    same = ((picked[1:] == picked[:-1]).all(dim=1) & (index[1:] == index[:-1] + 1)).tolist()
+    runs = [[rows[0]]]
+    for row, joins in zip(rows[1:], same):
+        if joins:
+            runs[-1].append(row)
+        else:
+            runs.append([row])
+    return runs
 
 
 # Enough items that threads finish together, few enough that chunks stay large: each chunk walks its group's shared
@@ -199,14 +224,15 @@ def cascade_decode_attention(
     """Same result as :func:`torch_ref.decode_attention` (no sliding window) for ``q`` ``[B, heads, D]``.
 
     Where the C++ kernel is built (cpu_kernels) it does all of it in place: each chunk of a group walks the
-    shared pages once, then each request its own. Elsewhere each request's own pages are gathered and read by
+    shared pages once, then each request its own (on AMX tiles, requests that read the same pages, together). Elsewhere each request's own pages are gathered and read by
     SDPA, each group's shared pages gathered once and read by one SDPA, and the two parts merged.
     """
     batch, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_cache.shape
     group = heads // kv_heads
     if cpu_kernels.usable_for(q, k_cache):
-        chunks = plan.kernel_chunks(kv_heads) if plan.groups else None
+        joint = q.dtype == torch.bfloat16 and cpu_kernels.decode_tiles_usable()
+        chunks = plan.kernel_chunks(kv_heads, joint)
         return cpu_kernels.paged_decode(q, k_cache, v_cache, plan.own_table, plan.own_lens, sm_scale, 0, chunks)[0]
     if not plan.groups:
         return decode_attention(q, k_cache, v_cache, plan.pages, None, sm_scale, meta=(plan.pages, plan.allowed))

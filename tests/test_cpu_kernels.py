@@ -74,33 +74,38 @@ def test_half_precision_caches(dtype, head_dim):
 BF16_OUT = dict(atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("portable", [False, True])  # the bf16 dot where built (else portable twice), portable
+# the bf16 dot's products on AMX tiles where usable, the bf16 dot where built, else the portable path; portable
+BF16_PATHS = {"tiles": {}, "bf16 dot": {"tiles": False}, "portable": {"portable": True}}
+
+
+@pytest.mark.parametrize("path", list(BF16_PATHS))
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 48])  # 48: never the bf16 dot (not a multiple of 32)
 @pytest.mark.parametrize("page_size,window", [(16, 0), (4, 9), (1, 0)])
-def test_bf16_paths_match_the_fp32_reference(portable, head_dim, page_size, window):
-    """bf16 pages read by the kernel's two paths, against fp32 attention over the same bf16 values; lengths
+def test_bf16_paths_match_the_fp32_reference(path, head_dim, page_size, window):
+    """bf16 pages read by the kernel's paths, against fp32 attention over the same bf16 values; lengths
     cover whole and partial blocks of keys (a block is a vector's width of them)."""
     q, k, v, table, lens = paged_case(6, 70, page_size, 6, 2, torch.bfloat16, seed=head_dim + page_size,
                                       head_dim=head_dim)
     lens[1:4] = torch.tensor([1, 16, 17], dtype=torch.int32)
     scale = head_dim**-0.5
-    out, lse = cpu_kernels.paged_decode(q, k, v, table, lens, scale, window, portable=portable)
+    out, lse = cpu_kernels.paged_decode(q, k, v, table, lens, scale, window, **BF16_PATHS[path])
     ref = torch_ref.decode_attention(q.float(), k.float(), v.float(), table, lens, scale, window)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, **BF16_OUT)
     torch.testing.assert_close(lse, reference_lse(q, k, v, table, lens, scale, window), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("tiles", [True, False])
 @pytest.mark.parametrize("heads,kv_heads", [(3, 1), (5, 1), (7, 1), (8, 2)])  # GQA groups in whole and split tiles
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_bf16_long_contexts_in_every_group_size(heads, kv_heads, head_dim):
+def test_bf16_long_contexts_in_every_group_size(tiles, heads, kv_heads, head_dim):
     """Contexts of several spans of keys (the bf16 dot's softmax rescales once a span), ending on and off a span's
     edge, for query groups that fill the kernel's row tiles and groups that leave a smaller tile."""
     q, k, v, table, lens = paged_case(6, 520, 16, heads, kv_heads, torch.bfloat16, seed=heads + head_dim,
                                       head_dim=head_dim)
     lens[:] = torch.tensor([1, 127, 128, 129, 300, 520], dtype=torch.int32)
     scale = head_dim**-0.5
-    out, lse = cpu_kernels.paged_decode(q, k, v, table, lens, scale)
+    out, lse = cpu_kernels.paged_decode(q, k, v, table, lens, scale, tiles=tiles)
     ref = torch_ref.decode_attention(q.float(), k.float(), v.float(), table, lens, scale)
     torch.testing.assert_close(out.float(), ref, **BF16_OUT)
     torch.testing.assert_close(lse, reference_lse(q, k, v, table, lens, scale, 0), atol=1e-4, rtol=1e-4)
@@ -258,7 +263,7 @@ def test_bad_cascade_tables_raise():
         call(good, rows=good.rows.long())
     with pytest.raises(RuntimeError, match="needs all"):
         cpu_kernels._module().paged_decode(q, k, v, table, own_lens, 0.25, 0, good.rows, None, None, None, None,
-                                          False)
+                                          False, True)
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])  # mistral: sliding window 5

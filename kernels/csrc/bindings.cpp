@@ -7,8 +7,9 @@ std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k_cache, at::Tenso
                                      at::Tensor seq_lens, double scale, int64_t window,
                                      c10::optional<at::Tensor> chunk_rows, c10::optional<at::Tensor> chunk_offsets,
                                      c10::optional<at::Tensor> chunk_group, c10::optional<at::Tensor> shared_table,
-                                     c10::optional<at::Tensor> shared_pages, bool portable);
+                                     c10::optional<at::Tensor> shared_pages, bool portable, bool tiles);
 bool bf16_dot_built();
+bool decode_tiles_usable();
 at::Tensor paged_extend(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor page_table,
                         at::Tensor prefix_lens, at::Tensor extend_lens, double scale, int64_t window);
 bool paged_extend_vectorized();
@@ -29,6 +30,7 @@ bool linear_amx_usable();
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention reading K/V pages in place, a shared prefix once per chunk (CPU)");
   m.def("bf16_dot_built", &bf16_dot_built, "whether paged_decode multiplies bf16 with vdpbf16ps in this build");
+  m.def("decode_tiles_usable", &decode_tiles_usable, "whether paged_decode's bf16 products run on AMX tiles here");
   m.def("paged_extend", &paged_extend, "prefill attention over bf16 K/V pages read in place, causal (CPU)");
   m.def("paged_extend_vectorized", &paged_extend_vectorized, "whether paged_extend runs on AVX-512 vectors here");
   m.def("rms_norm", &rms_norm, "RMSNorm, optionally adding x into the residual first (in place)");

@@ -17,21 +17,14 @@
 // use the tile registers (arch_prctl, asked once); linear_amx_usable() says whether all hold.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "panel_product.h"
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(CPU_CAPABILITY_AVX512)
-#define RADIXRT_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace {
 
@@ -44,31 +37,7 @@ constexpr int64_t kChunkRows = 256;
 constexpr int64_t kStreamRows = 256;
 
 #ifdef RADIXRT_AMX
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Tiles 0-3: accumulators (16 rows of 16 fp32); 4-5: A (16 rows of 32 bf16); 6-7: B (16 pairs of k by 16 columns).
-TileConfig tile_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  return cfg;
-}
-
-bool tiles_permitted() {
-  static const bool granted = [] {
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return granted;
-}
+using radixrt::amx::tiles_permitted;
 
 // sums [rows][32] fp32 (two panels side by side) + bias -> out rows (ldo apart), the first ncols columns, bf16.
 inline void store_rows(const float* sums, int64_t rows, const float* bias, c10::BFloat16* out, int64_t ldo,
@@ -196,8 +165,7 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
   for (int64_t chunk = 0; chunk < padded_rows; chunk += kChunkRows) {
     const int64_t chunk_end = std::min(padded_rows, chunk + kChunkRows);
     at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
-      const TileConfig cfg = tile_config();
-      _tile_loadconfig(&cfg);
+      const radixrt::amx::TileScope tiles;
       // Two buffers: a block's sums are rounded and written while the tiles compute the next block.
       alignas(64) float sums[2][kBlockRows * 2 * kCols];
       Pending pending;
@@ -218,7 +186,6 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
       }
       pending.flush(out_features, stream);
       _mm_sfence();  // the streamed lines are visible before another thread reads the output
-      _tile_release();
     });
   }
   return out.view(product.out_shape);

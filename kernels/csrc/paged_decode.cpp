@@ -29,10 +29,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
+#include "attend_amx.h"
 #include "bf16_pairs.h"
 #include "dtype_vec.h"
 
@@ -188,11 +192,13 @@ inline void accumulate_fp32(RowState* const* rows, const float* rescale, const f
   }
 }
 
-// A run of at most kLanes keys of one kv head that lie next to each other in a page.
+// A run of at most kLanes keys of one kv head that lie next to each other in a page; `start`: the index of its
+// first key in the part of the keys being walked (a row that may see keys before some limit sees it).
 template <typename T>
 struct Block {
   const T *k, *v;
   int64_t n;
+  int64_t start;
 };
 
 // ---- bf16 dot: vdpbf16ps on bf16 pairs ----------------------------------------------------------------------
@@ -316,6 +322,7 @@ struct Args {
   float* lse;
   int64_t batch, heads, kv_heads, head_dim, page_size, table_width, window;
   float scale;
+  bool tiles;  // the bf16 path multiplies on AMX tiles (attend_amx.h)
   // chunks (nullptr rows: every request alone): rows[offsets[c] .. offsets[c + 1]) share the pages
   // shared_table[chunk_group[c]][0 .. shared_pages[chunk_group[c]]) unless chunk_group[c] < 0
   const int32_t *rows, *offsets, *chunk_group, *shared_table, *shared_pages;
@@ -370,6 +377,11 @@ inline void attend_page(const float* qf, RowState* state, int64_t j0, int64_t co
   }
 }
 
+// Whether requests b and c read the same pages (a verify step's rows of one request): their tables' rows agree.
+inline bool same_table(const int32_t* table, int64_t width, int64_t b, int64_t c) {
+  return std::memcmp(table + b * width, table + c * width, width * sizeof(int32_t)) == 0;
+}
+
 template <typename T, int kWidth, bool kBf16Dot>
 void decode_kernel(const Args<T>& a) {
   const int64_t group = a.heads / a.kv_heads, head_dim = a.head_dim, page_size = a.page_size;
@@ -377,12 +389,27 @@ void decode_kernel(const Args<T>& a) {
   const int64_t page_stride = page_size * token_stride;
   const int64_t num_chunks = a.rows ? a.num_chunks : a.batch;
   const int64_t max_rows = (a.rows ? a.max_chunk : 1) * group;
+  constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+#ifdef RADIXRT_AMX
+  const bool tiles = kBf16Dot && a.tiles;
+#else
+  const bool tiles = false;
+#endif
   at::parallel_for(0, num_chunks * a.kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(kBf16Dot ? 0 : max_rows * head_dim), acc(max_rows * head_dim);
     std::vector<const T*> qrow(max_rows);
     std::vector<RowState> state(max_rows);
+    std::vector<int64_t> limit(max_rows, kNoLimit);
     std::vector<int64_t> members(a.rows ? a.max_chunk : 1);
     std::vector<Block<T>> blocks;
+#ifdef RADIXRT_AMX
+    std::unique_ptr<radixrt::amx::SpanScratch<kWidth>> scratch;
+    std::optional<radixrt::amx::TileScope> tile_scope;
+    if (tiles) {
+      scratch = std::make_unique<radixrt::amx::SpanScratch<kWidth>>();  // zeroed
+      tile_scope.emplace();
+    }
+#endif
     for (int64_t item = begin; item < end; ++item) {
       const int64_t chunk = item / a.kv_heads, kh = item % a.kv_heads;
       int64_t n = 1;
@@ -404,12 +431,13 @@ void decode_kernel(const Args<T>& a) {
       }
       std::fill(acc.begin(), acc.begin() + n * group * head_dim, 0.f);
       // bf16 dot: a part's pages are gathered into blocks, then walked a span of blocks at a time (the next
-      // span prefetched); portable: page by page as they come.
-      auto walk = [&](int64_t j0, int64_t count, const T* k_page, const T* v_page, int64_t lo, int64_t hi) {
+      // span prefetched); portable: page by page as they come. first_key: the page's first key in the part.
+      auto walk = [&](int64_t j0, int64_t count, const T* k_page, const T* v_page, int64_t lo, int64_t hi,
+                      int64_t first_key) {
         if constexpr (kBf16Dot) {
           for (int64_t b = lo; b < hi; b += kLanes) {
             blocks.push_back(Block<T>{k_page + b * token_stride, v_page + b * token_stride,
-                                      std::min<int64_t>(kLanes, hi - b)});
+                                      std::min<int64_t>(kLanes, hi - b), first_key + b});
           }
         } else {
           attend_page<T, kWidth>(qf.data(), state.data(), j0, count, k_page, v_page, lo, hi, token_stride, head_dim);
@@ -419,19 +447,36 @@ void decode_kernel(const Args<T>& a) {
 #ifdef RADIXRT_BF16_DOT
         if constexpr (kBf16Dot) {
           const int64_t total = static_cast<int64_t>(blocks.size());
-          for (int64_t f = 0; f < std::min(total, kSpan); ++f) {
-            prefetch_rows(blocks[f].k, blocks[f].n, token_stride, head_dim);
-            prefetch_rows(blocks[f].v, blocks[f].n, token_stride, head_dim);
-          }
-          for (int64_t b = 0; b < total; b += kSpan) {
-            for (int64_t f = b + kSpan; f < std::min(total, b + 2 * kSpan); ++f) {
+          const auto* bf16_blocks = reinterpret_cast<const Block<c10::BFloat16>*>(blocks.data());
+          auto prefetch_span = [&](int64_t b) {
+            for (int64_t f = b; f < std::min(total, b + kSpan); ++f) {
               prefetch_rows(blocks[f].k, blocks[f].n, token_stride, head_dim);
               prefetch_rows(blocks[f].v, blocks[f].n, token_stride, head_dim);
             }
-            attend_rows_bf16<kWidth, row_tile<kWidth, true>()>(
-                reinterpret_cast<const c10::BFloat16* const*>(qrow.data()) + j0, a.scale, state.data() + j0, count,
-                reinterpret_cast<const Block<c10::BFloat16>*>(blocks.data()) + b, std::min(kSpan, total - b),
-                token_stride);
+          };
+          if (tiles) {
+#ifdef RADIXRT_AMX
+            for (int64_t r = 0; r < count; r += radixrt::amx::kTileRows) {  // tiles of rows, each over every span
+              const int rows = static_cast<int>(std::min(radixrt::amx::kTileRows, count - r));
+              radixrt::amx::prepare_rows<kWidth>(
+                  reinterpret_cast<const c10::BFloat16* const*>(qrow.data()) + j0 + r, rows, *scratch);
+              prefetch_span(0);
+              for (int64_t b = 0; b < total; b += kSpan) {
+                prefetch_span(b + kSpan);
+                radixrt::amx::attend_span_tiles<kWidth>(limit.data() + j0 + r, rows, a.scale, state.data() + j0 + r,
+                                                        bf16_blocks + b, std::min(kSpan, total - b), token_stride,
+                                                        *scratch);
+              }
+            }
+#endif
+          } else {
+            prefetch_span(0);
+            for (int64_t b = 0; b < total; b += kSpan) {
+              prefetch_span(b + kSpan);
+              attend_rows_bf16<kWidth, row_tile<kWidth, true>()>(
+                  reinterpret_cast<const c10::BFloat16* const*>(qrow.data()) + j0, a.scale, state.data() + j0,
+                  count, bf16_blocks + b, std::min(kSpan, total - b), token_stride);
+            }
           }
         }
 #endif
@@ -451,12 +496,24 @@ void decode_kernel(const Args<T>& a) {
           const T* k_page = a.k_cache + pages[p] * page_stride + kh * head_dim;
           const T* v_page = a.v_cache + pages[p] * page_stride + kh * head_dim;
           if (!kBf16Dot && p + kAhead < count) prefetch_page(pages[p + kAhead], page_size);
-          walk(0, n * group, k_page, v_page, 0, page_size);
+          walk(0, n * group, k_page, v_page, 0, page_size, p * page_size);
         }
+        std::fill(limit.begin(), limit.begin() + n * group, kNoLimit);
         finish_part(0, n * group);
       }
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t b = members[i], len = a.lens[b];
+      // Each request's own pages; on tiles, requests that read the same pages (a verify step's rows) walk them
+      // together, each row up to its own length.
+      for (int64_t i = 0, next; i < n; i = next) {
+        next = i + 1;
+        while (tiles && a.window == 0 && next < n && same_table(a.table, a.table_width, members[i], members[next])) {
+          ++next;
+        }
+        int64_t longest = i;
+        for (int64_t m = i; m < next; ++m) {
+          if (a.lens[members[m]] > a.lens[members[longest]]) longest = m;
+          for (int64_t g = 0; g < group; ++g) limit[m * group + g] = a.lens[members[m]];
+        }
+        const int64_t b = members[longest], len = a.lens[b];
         const int64_t first = a.window > 0 ? std::max<int64_t>(0, len - a.window) : 0;
         const int64_t first_page = first / page_size, pages = (len + page_size - 1) / page_size;
         const int32_t* row_pages = a.table + b * a.table_width;
@@ -471,18 +528,20 @@ void decode_kernel(const Args<T>& a) {
           const T* v_page = a.v_cache + page * page_stride + kh * head_dim;
           const int64_t ahead = start / page_size + kAhead;
           if (!kBf16Dot && ahead < pages) prefetch_page(row_pages[ahead], rows_of(ahead));
-          walk(i * group, group, k_page, v_page, lo, hi);
+          walk(i * group, (next - i) * group, k_page, v_page, lo, hi, start);
         }
-        finish_part(i * group, group);
-        for (int64_t g = 0; g < group; ++g) {
-          const RowState& row = state[i * group + g];
-          const int64_t out_row = b * a.heads + kh * group + g;
-          const float inv = 1.f / row.l;
-          for (int64_t d = 0; d < head_dim; ++d) {
-            const float x = row.acc[kBf16Dot ? permuted_dim(d) : d];
-            a.out[out_row * head_dim + d] = static_cast<T>(x * inv);
+        finish_part(i * group, (next - i) * group);
+        for (int64_t m = i; m < next; ++m) {
+          for (int64_t g = 0; g < group; ++g) {
+            const RowState& row = state[m * group + g];
+            const int64_t out_row = members[m] * a.heads + kh * group + g;
+            const float inv = 1.f / row.l;
+            for (int64_t d = 0; d < head_dim; ++d) {
+              const float x = row.acc[kBf16Dot ? permuted_dim(d) : d];
+              a.out[out_row * head_dim + d] = static_cast<T>(x * inv);
+            }
+            a.lse[out_row] = row.m + std::log(row.l);
           }
-          a.lse[out_row] = row.m + std::log(row.l);
         }
       }
     }
@@ -528,6 +587,15 @@ at::Tensor int32_contiguous(const at::Tensor& t, const char* name) {
 
 }  // namespace
 
+// Whether the bf16 dot's products can run on AMX tiles here (an AMX build, the tiles granted to the process).
+bool decode_tiles_usable() {
+#if defined(RADIXRT_AMX) && defined(RADIXRT_BF16_DOT)
+  return radixrt::amx::tiles_permitted();
+#else
+  return false;
+#endif
+}
+
 // Whether this build multiplies bf16 with vdpbf16ps (the CPU has AVX512-BF16 and the kernels were built for it).
 bool bf16_dot_built() {
 #ifdef RADIXRT_BF16_DOT
@@ -543,12 +611,13 @@ bool bf16_dot_built() {
 // chunk c being chunk_rows[chunk_offsets[c] .. chunk_offsets[c + 1]); chunk_group [C] names the row of
 // shared_table [G, SW] (with shared_pages [G] full pages) its requests all begin with, or -1. Then page_table
 // and seq_lens describe each request's keys after its shared pages.
-// portable: the fp32 path even where the bf16 dot would run (tests compare the two).
+// portable: the fp32 path even where the bf16 dot would run (tests compare the two); tiles: the bf16 dot's products
+// on AMX tiles where decode_tiles_usable() (else it is ignored).
 std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor page_table,
                                      at::Tensor seq_lens, double scale, int64_t window,
                                      c10::optional<at::Tensor> chunk_rows, c10::optional<at::Tensor> chunk_offsets,
                                      c10::optional<at::Tensor> chunk_group, c10::optional<at::Tensor> shared_table,
-                                     c10::optional<at::Tensor> shared_pages, bool portable) {
+                                     c10::optional<at::Tensor> shared_pages, bool portable, bool tiles) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q must be [B, H, D] and the caches [P, S, KH, D]");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
               "q and the caches must share a dtype");
@@ -608,7 +677,7 @@ std::vector<at::Tensor> paged_decode(at::Tensor q, at::Tensor k_cache, at::Tenso
     Args<scalar_t> args{q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
                         page_table.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(),
                         lse.data_ptr<float>(), batch, heads, kv_heads, head_dim, page_size, page_table.size(1),
-                        window, static_cast<float>(scale),
+                        window, static_cast<float>(scale), tiles && !portable && decode_tiles_usable(),
                         given ? rows.data_ptr<int32_t>() : nullptr, given ? offsets.data_ptr<int32_t>() : nullptr,
                         given ? groups.data_ptr<int32_t>() : nullptr, given ? shared.data_ptr<int32_t>() : nullptr,
                         given ? shared_count.data_ptr<int32_t>() : nullptr, num_chunks, max_chunk,
