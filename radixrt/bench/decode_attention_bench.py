@@ -1,13 +1,15 @@
 """The CPU paged decode kernel on its own: one decode step's attention over every layer's KV pool.
 
     python -m radixrt.bench.decode_attention_bench [--batch 32] [--min-len 340] [--max-len 700] [--layers 30]
-                                                   [--dtype bfloat16|float32] [--rounds 10]
+                                                   [--rows 1] [--dtype bfloat16|float32] [--rounds 10]
 
 Builds ``--layers`` separate K/V caches (SmolLM2-135M's 9 query and 3 KV heads of 64, 16-token pages dealt out
 in a shuffled order, as a busy pool deals them), then times a step: ``radixrt::paged_decode`` over each layer's
 cache in turn, so that the pages come from memory as in a forward pass ("cold"), and one layer repeated
-("warm": its pages in cache). Where the bf16 dot product is built, the portable path runs too, alternating.
-Each figure is the best round; GB/s is the K/V bytes read over the time.
+("warm": its pages in cache). Each path the kernel has here runs, alternating: bf16 on AMX tiles, on the bf16
+dot product, and the portable one. ``--rows k``: each request as a speculative verify step's k decode rows (row i
+over the request's keys and i more), a request's rows in one chunk as the runtime hands them to the kernel.
+Each figure is the best round; GB/s is the K/V bytes read over the time (once a request).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=1, help="decode rows a request (a verify step's)")
     args = parser.parse_args(argv)
     if cpu_kernels.load() is None:
         print("the C++ CPU kernels are not built here")
@@ -63,23 +66,35 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     lens = torch.randint(args.min_len, args.max_len + 1, (args.batch,), generator=gen, dtype=torch.int32)
     caches, table = _paged_caches(lens, args.layers, dtype, gen)
-    q = torch.randn(args.batch, HEADS, HEAD_DIM, generator=gen).to(dtype)
     layer_bytes = int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * dtype.itemsize
-    paths = {"bf16 dot": False, "portable": True} if dtype == torch.bfloat16 and cpu_kernels.bf16_dot_built() \
-        else {"portable": True}
+    chunks = None
+    if args.rows > 1:  # each request's rows: its pages, one more key a row, in one chunk
+        table = table.repeat_interleave(args.rows, dim=0).contiguous()
+        lens = (lens.repeat_interleave(args.rows) + torch.arange(args.rows).repeat(args.batch)).int()
+        as_int = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+        chunks = cpu_kernels.CascadeChunks(rows=as_int(range(len(lens))),
+                                           offsets=as_int(range(0, len(lens) + 1, args.rows)),
+                                           groups=as_int([-1] * args.batch), shared_table=as_int([[0]]),
+                                           shared_pages=as_int([0]))
+    q = torch.randn(len(lens), HEADS, HEAD_DIM, generator=gen).to(dtype)
+    paths = {"portable": {"portable": True}}
+    if dtype == torch.bfloat16 and cpu_kernels.bf16_dot_built():
+        paths = {"bf16 dot": {"tiles": False}, **paths}
+        if cpu_kernels.decode_tiles_usable():
+            paths = {"AMX tiles": {}, **paths}
     print(f"{args.dtype}, batch {args.batch}, {args.min_len}-{args.max_len} keys (mean {float(lens.float().mean()):.0f}),"
-          f" {args.layers} layers, {torch.get_num_threads()} threads")
+          f" {args.rows} row(s) a request, {args.layers} layers, {torch.get_num_threads()} threads")
     print("| path | step ms (cold) | GB/s cold | one layer ms (warm) | GB/s warm |")
     print("|---|---:|---:|---:|---:|")
     rows = {name: [float("inf"), float("inf")] for name in paths}
     for _ in range(args.rounds):  # paths alternate within a round
-        for name, portable in paths.items():
-            def step(portable=portable) -> None:
+        for name, path in paths.items():
+            def step(path=path) -> None:
                 for k, v in caches:
-                    cpu_kernels.paged_decode(q, k, v, table, lens, HEAD_DIM**-0.5, portable=portable)
+                    cpu_kernels.paged_decode(q, k, v, table, lens, HEAD_DIM**-0.5, 0, chunks, **path)
 
-            def layer(portable=portable) -> None:
-                cpu_kernels.paged_decode(q, *caches[0], table, lens, HEAD_DIM**-0.5, portable=portable)
+            def layer(path=path) -> None:
+                cpu_kernels.paged_decode(q, *caches[0], table, lens, HEAD_DIM**-0.5, 0, chunks, **path)
 
             rows[name][0] = min(rows[name][0], _best(step, 1))
             rows[name][1] = min(rows[name][1], _best(layer, 3))
