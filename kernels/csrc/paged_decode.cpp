@@ -16,7 +16,10 @@
 //   the next span prefetched while this one is computed. A GQA group stays together in one tile of rows (a group
 //   of 3 is one tile of 3), so each key and value is loaded once for the group. Against a walk page by page with
 //   a softmax step per block, a decode step of batch 32 at 340-700 keys (30 layers) went from 40.5 ms to 20.8
-//   ms (radixrt.bench.decode_attention_bench);
+//   ms (radixrt.bench.decode_attention_bench). On a CPU with AMX (decode_tiles_usable) the spans' products run
+//   on tiles instead (attend_amx.h), up to 16 query rows a tile: there a chunk's requests that read the same pages
+//   (a verify step's rows of one request) walk them together, each row masked at its own length, and each row
+//   gets the bits it gets walked alone;
 // - portable (every dtype and CPU): keys and values widened to fp32 as they load, q pre-scaled in fp32, one softmax
 //   step per block, pages prefetched a few ahead (from DRAM the kernel otherwise ran at half its speed from
 //   cache), rows in tiles of up to four.
