@@ -224,8 +224,9 @@ def cascade_decode_attention(
     """Same result as :func:`torch_ref.decode_attention` (no sliding window) for ``q`` ``[B, heads, D]``.
 
     Where the C++ kernel is built (cpu_kernels) it does all of it in place: each chunk of a group walks the
-    shared pages once, then each request its own (on AMX tiles, requests that read the same pages, together). Elsewhere each request's own pages are gathered and read by
-    SDPA, each group's shared pages gathered once and read by one SDPA, and the two parts merged.
+    shared pages once, then each request its own (on AMX tiles, requests that read the same pages together).
+    Elsewhere each request's own pages are gathered and read by SDPA, each group's shared pages gathered once and
+    read by one SDPA, and the two parts merged.
     """
     batch, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_cache.shape

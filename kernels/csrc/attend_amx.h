@@ -132,8 +132,8 @@ void attend_span_tiles(const int64_t* limit, int rows, float scale, Row* state, 
     Vec sum(0.f);
     for (int64_t j = 0; j < count; ++j) {
       const __mmask16 keep = static_cast<__mmask16>((1u << valid[j]) - 1);
-      const Vec p = m == kNegInf ? Vec(0.f)
-                                 : Vec(_mm512_maskz_mov_ps(keep, (Vec::loadu(&w.scores[i][j * kBlockKeys]) - Vec(m)).exp_u20()));
+      const Vec e = (Vec::loadu(&w.scores[i][j * kBlockKeys]) - Vec(m)).exp_u20();
+      const Vec p = m == kNegInf ? Vec(0.f) : Vec(_mm512_maskz_mov_ps(keep, e));
       sum = sum + p;
       _mm256_store_si256(reinterpret_cast<__m256i*>(&w.weights[i][j * kBlockKeys]),
                          _mm512_cvtepi32_epi16(radixrt::detail::bf16_bits(p)));

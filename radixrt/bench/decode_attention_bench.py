@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         paths = {"bf16 dot": {"tiles": False}, **paths}
         if cpu_kernels.decode_tiles_usable():
             paths = {"AMX tiles": {}, **paths}
-    print(f"{args.dtype}, batch {args.batch}, {args.min_len}-{args.max_len} keys (mean {float(lens.float().mean()):.0f}),"
+    mean = float(lens.float().mean())
+    print(f"{args.dtype}, batch {args.batch}, {args.min_len}-{args.max_len} keys (mean {mean:.0f}),"
           f" {args.rows} row(s) a request, {args.layers} layers, {torch.get_num_threads()} threads")
     print("| path | step ms (cold) | GB/s cold | one layer ms (warm) | GB/s warm |")
     print("|---|---:|---:|---:|---:|")

@@ -298,8 +298,9 @@ def _stacked(rows: list[torch.Tensor]) -> torch.Tensor:
     count = 0
     for block in blocks:
         contiguous = block.stride(1) == 1 and (block.shape[0] == 1 or block.stride(0) == width)
-        if not (contiguous and block.shape[1] == width and block.dtype == first.dtype
-                and block.untyped_storage().data_ptr() == storage and block.data_ptr() == offset + count * width * size):
+        next_in_place = (block.untyped_storage().data_ptr() == storage
+                         and block.data_ptr() == offset + count * width * size)
+        if not (contiguous and block.shape[1] == width and block.dtype == first.dtype and next_in_place):
             return torch.cat(blocks)
         count += block.shape[0]
     return first.as_strided((count, width), (width, 1))
