@@ -168,7 +168,9 @@ def test_decode_attention_bench_times_each_path_cold_and_warm(capsys, dtype, row
         paths = ["AMX tiles", *paths]
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| path")]
     assert [row.split(" | ")[0][2:] for row in rows] == paths
-    assert all(float(cell) > 0 for row in rows for cell in row.strip("| ").split(" | ")[1:])
+    for row in rows:  # times in ms, then GB/s (0.0 at one decimal where these few keys took long on a busy machine)
+        step_ms, step_gbs, layer_ms, layer_gbs = (float(cell) for cell in row.strip("| ").split(" | ")[1:])
+        assert step_ms > 0 and layer_ms > 0 and step_gbs >= 0 and layer_gbs >= 0
 
 
 def test_linear_bench_times_the_bf16_kernels(capsys):
