@@ -37,11 +37,12 @@ def test_the_kernel_choice_on_this_cpu(monkeypatch):
     assert (cpu_linear.choose_kernel(bf16) == "amx") is cpu_kernels.linear_amx_usable()
 
 
-# rows: a tile and its tail (1-17), two tiles (31-33), a chunk of 256 and past it (from 256 rows whole pairs of
-# aligned output rows are streamed); outputs: one panel, a partial panel, an odd number of panels (the last pair
-# has one), several pairs a thread, rows of whole pairs (96: streamed)
+# rows: one tile, two pairs at a time (1-16), a tile and its tail (17), two tiles (31-33), a 48-row block alone
+# (40, 48) and after 32-row ones (80), a chunk of 256 and past it (from 256 rows whole pairs of aligned output rows
+# are streamed; 260: a chunk of one tile, 300: of 48 rows); outputs: one panel, a partial panel, an odd number of
+# panels (the last pair has one; alone in a two-pair block), several pairs a thread, rows of whole pairs (96)
 @needs_amx
-@pytest.mark.parametrize("rows", [1, 15, 17, 32, 33, 256, 300])
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 32, 33, 40, 48, 80, 256, 260, 300])
 @pytest.mark.parametrize("outputs", [16, 37, 48, 96, 200])
 @pytest.mark.parametrize("features", [64, 96])
 def test_amx_computes_what_fp32_computes_rounded_once(rows, outputs, features):
@@ -65,12 +66,17 @@ def test_amx_gives_a_row_the_same_bits_whatever_rows_share_its_product():
     weight = torch.randn(200, 96, generator=gen).bfloat16()
     x = torch.randn(300, 96, generator=gen).bfloat16()
     panels = cpu_kernels.pack_linear_bf16(weight)
-    alone = torch.cat([cpu_kernels.linear_amx(x[r : r + 1], panels, 200) for r in range(40)])
-    for rows in (2, 7, 15, 16, 17, 31, 33, 40):
+    alone = torch.cat([cpu_kernels.linear_amx(x[r : r + 1], panels, 200) for r in range(100)])
+    for rows in (2, 7, 15, 16, 17, 31, 33, 40, 47, 48, 49, 64, 80, 100):  # every block shape, alone and together
         assert torch.equal(cpu_kernels.linear_amx(x[:rows], panels, 200), alone[:rows]), rows
-    assert torch.equal(cpu_kernels.linear_amx(x, panels, 200)[:40], alone)
+    whole = cpu_kernels.linear_amx(x, panels, 200)
+    assert torch.equal(whole[:100], alone)
+    for chunked in (260, 300):  # a last chunk of one tile, of 48 rows
+        assert torch.equal(cpu_kernels.linear_amx(x[:chunked], panels, 200), whole[:chunked]), chunked
+    assert torch.equal(cpu_kernels.linear_amx(x[256:260], panels, 200), whole[256:260])
+    assert torch.equal(cpu_kernels.linear_amx(x[256:300], panels, 200), whole[256:300])
     streamed = cpu_kernels.pack_linear_bf16(weight[:96])  # whole pairs of aligned rows: streamed at 300 rows
-    assert torch.equal(cpu_kernels.linear_amx(x, streamed, 96)[:40], alone[:, :96])
+    assert torch.equal(cpu_kernels.linear_amx(x, streamed, 96)[:100], alone[:, :96])
 
 
 @needs_amx

@@ -7,6 +7,16 @@
 // are then rounded once to bf16 (nearest even) with the bias added in fp32, as linear_bf16 rounds them. Only the
 // order of each sum differs from linear_bf16's (`tdpbf16ps` adds the even product of a pair first).
 //
+// Two other block shapes, where rows end in half a block (a speculative verify step's 33-48 rows, a decode step's
+// 1-16), keep a pair's weights streaming from memory once instead of waiting on the tiles:
+// - 48 or more rows that end in half a block finish with one block of 48 rows (three A tiles) by a pair, into six
+//   accumulators, its A and B operands reloaded through one tile each. A 16-row block after a 32-row one re-read
+//   the pair from L2 while nothing streamed: a 33rd row cost a sixth of a verify step's forward.
+// - 16 rows or fewer take two pairs at once (four accumulators), where one pair alone left two sums waiting on
+//   each other's latency.
+// Every row's sums run in the same order whatever the block, so a row gets the same bits whatever shares its
+// product.
+//
 // From kStreamRows rows on (prefill sizes) a whole pair's outputs go out in non-temporal stores, a line a row:
 // written through the cache, each output line was first read from memory, and at 2,048 rows those reads took a
 // fifth of the product's time (264 -> 200 ms for the default model's projections, oneDNN 186-189).
@@ -66,23 +76,37 @@ inline void store_rows(const float* sums, int64_t rows, const float* bias, c10::
   }
 }
 
-// A block whose sums wait to be rounded and written (after the next block's tiles have been issued).
-struct Pending {
+// A block's output: its sums and where they go.
+struct Part {
   const float* sums = nullptr;
   int64_t rows = 0;
   const float* bias = nullptr;
   c10::BFloat16* out = nullptr;
   int64_t ncols = 0;
+
+  void store(int64_t ldo, bool stream) const {
+    const bool aligned = ncols == 2 * kCols && reinterpret_cast<uintptr_t>(out) % 64 == 0 && (ldo * 2) % 64 == 0;
+    store_rows(sums, rows, bias, out, ldo, ncols, stream && aligned);
+  }
+};
+
+// The outputs of a block (one pair's, or two pairs' for a two-pair block) whose sums wait to be rounded and
+// written, after the next block's tiles have been issued. Two sum buffers take turns.
+struct Pending {
+  Part parts[2];
+  int count = 0;
   int buffer_index = 1;
 
-  int next_buffer() const { return buffer_index ^ 1; }
   void flush(int64_t ldo, bool stream) {
-    if (sums != nullptr) {
-      const bool aligned = ncols == 2 * kCols && reinterpret_cast<uintptr_t>(out) % 64 == 0 && (ldo * 2) % 64 == 0;
-      store_rows(sums, rows, bias, out, ldo, ncols, stream && aligned);
-    }
-    sums = nullptr;
+    for (int i = 0; i < count; ++i) parts[i].store(ldo, stream);
+    count = 0;
   }
+  // Writes what waits; the next block's sums go to the other buffer, whose index this returns.
+  int swap(int64_t ldo, bool stream) {
+    flush(ldo, stream);
+    return buffer_index ^= 1;
+  }
+  void add(const Part& part) { parts[count++] = part; }
 };
 
 // One step: the 16 rows at a0 (and, with a_tiles 2, the 16 at a1), lda elements apart, times panels [0, b_tiles)
@@ -111,13 +135,91 @@ inline void block_product(const c10::BFloat16* a0, const c10::BFloat16* a1, int6
   }
 }
 
-// The accumulator tiles into sums [32][32] fp32.
+// 48 rows (A tiles at a0, a1, a2) times panels [0, b_tiles) of wb into accumulators 0-2 (the first panel; a tile
+// of rows each) and 3-5 (the second). One tile holds the A operand and one the B operand, reloaded in a snake
+// order (A0B0 A0B1 A1B1 A1B0 A2B0 A2B1) so that each load replaces one operand only.
+inline void triple_product(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloat16* a2, int64_t lda,
+                           const c10::BFloat16* wb, int64_t panel_elems, int64_t k, int b_tiles) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_zero(4);
+  _tile_zero(5);
+  const int64_t a_stride = lda * 2;
+  for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
+    const c10::BFloat16* w0 = wb + k0 * kCols;
+    _tile_loadd(6, a0 + k0, a_stride);
+    _tile_loadd(7, w0, 64);
+    _tile_dpbf16ps(0, 6, 7);
+    if (b_tiles == 2) {
+      _tile_loadd(7, w0 + panel_elems, 64);
+      _tile_dpbf16ps(3, 6, 7);
+      _tile_loadd(6, a1 + k0, a_stride);
+      _tile_dpbf16ps(4, 6, 7);
+      _tile_loadd(7, w0, 64);
+      _tile_dpbf16ps(1, 6, 7);
+      _tile_loadd(6, a2 + k0, a_stride);
+      _tile_dpbf16ps(2, 6, 7);
+      _tile_loadd(7, w0 + panel_elems, 64);
+      _tile_dpbf16ps(5, 6, 7);
+    } else {
+      _tile_loadd(6, a1 + k0, a_stride);
+      _tile_dpbf16ps(1, 6, 7);
+      _tile_loadd(6, a2 + k0, a_stride);
+      _tile_dpbf16ps(2, 6, 7);
+    }
+  }
+}
+
+// 16 rows at a times the panels of two pairs (wb0: b0 panels; wb1: b1 panels, 0 for none) into accumulators 0-1
+// (the first pair) and 2-3 (the second).
+inline void twin_product(const c10::BFloat16* a, int64_t lda, const c10::BFloat16* wb0, int b0,
+                         const c10::BFloat16* wb1, int b1, int64_t panel_elems, int64_t k) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t a_stride = lda * 2;
+  for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
+    _tile_loadd(4, a + k0, a_stride);
+    _tile_loadd(6, wb0 + k0 * kCols, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (b0 == 2) {
+      _tile_loadd(7, wb0 + panel_elems + k0 * kCols, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if (b1 >= 1) {
+      _tile_loadd(5, wb1 + k0 * kCols, 64);
+      _tile_dpbf16ps(2, 4, 5);
+    }
+    if (b1 == 2) {
+      _tile_loadd(6, wb1 + panel_elems + k0 * kCols, 64);
+      _tile_dpbf16ps(3, 4, 6);
+    }
+  }
+}
+
+// Sums buffers hold [48][32] fp32: rows of a block, each with its pair's two panels side by side.
+constexpr int64_t kSumRow = 2 * kCols;
+constexpr int64_t kSumBytes = kSumRow * sizeof(float);
+
+// block_product's accumulators into sums rows 0-31.
 inline void store_tiles(float* sums) {
-  constexpr int64_t ld = 2 * kCols * sizeof(float);
-  _tile_stored(0, sums, ld);
-  _tile_stored(1, sums + kCols, ld);
-  _tile_stored(2, sums + 16 * 2 * kCols, ld);
-  _tile_stored(3, sums + 16 * 2 * kCols + kCols, ld);
+  _tile_stored(0, sums, kSumBytes);
+  _tile_stored(1, sums + kCols, kSumBytes);
+  _tile_stored(2, sums + 16 * kSumRow, kSumBytes);
+  _tile_stored(3, sums + 16 * kSumRow + kCols, kSumBytes);
+}
+
+// triple_product's accumulators into sums rows 0-47.
+inline void store_triple(float* sums) {
+  _tile_stored(0, sums, kSumBytes);
+  _tile_stored(3, sums + kCols, kSumBytes);
+  _tile_stored(1, sums + 16 * kSumRow, kSumBytes);
+  _tile_stored(4, sums + 16 * kSumRow + kCols, kSumBytes);
+  _tile_stored(2, sums + 32 * kSumRow, kSumBytes);
+  _tile_stored(5, sums + 32 * kSumRow + kCols, kSumBytes);
 }
 #endif
 
@@ -162,26 +264,52 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
   auto* op = out.data_ptr<c10::BFloat16>();
   const int64_t panel_elems = half_k * kCols * 2, pairs = (num_panels + 1) / 2;
   const bool stream = rows >= kStreamRows;
+  // Pair p's panels, output columns and bias.
+  auto pair_panels = [&](int64_t p) { return wp + 2 * p * panel_elems; };
+  auto pair_tiles = [&](int64_t p) { return static_cast<int>(std::min<int64_t>(2, num_panels - 2 * p)); };
+  auto pair_part = [&](int64_t p, const float* sums, int64_t r0, int64_t block_rows) {
+    const int64_t col0 = 2 * p * kCols;
+    return Part{sums, std::min(block_rows, rows - r0), bp != nullptr ? bp + col0 : nullptr,
+                op + r0 * out_features + col0, std::min<int64_t>(pair_tiles(p) * kCols, out_features - col0)};
+  };
   for (int64_t chunk = 0; chunk < padded_rows; chunk += kChunkRows) {
-    const int64_t chunk_end = std::min(padded_rows, chunk + kChunkRows);
+    const int64_t chunk_end = std::min(padded_rows, chunk + kChunkRows), chunk_rows = chunk_end - chunk;
+    const bool twins = chunk_rows == 16;
+    // where the chunk's last 48 rows go as one block (rows that end in half a block), else past its end
+    const int64_t triple_r0 = chunk_rows >= 48 && chunk_rows % kBlockRows == 16 ? chunk_end - 48 : chunk_end;
     at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
       const radixrt::amx::TileScope tiles;
-      // Two buffers: a block's sums are rounded and written while the tiles compute the next block.
-      alignas(64) float sums[2][kBlockRows * 2 * kCols];
+      alignas(64) float sums[2][48 * kSumRow];
       Pending pending;
-      for (int64_t pair = begin; pair < end; ++pair) {
-        const int64_t p0 = 2 * pair, b_tiles = std::min<int64_t>(2, num_panels - p0);
-        const int64_t col0 = p0 * kCols, ncols = std::min(b_tiles * kCols, out_features - col0);
-        const c10::BFloat16* wb = wp + p0 * panel_elems;
-        for (int64_t r0 = chunk; r0 < chunk_end; r0 += kBlockRows) {
-          const int a_tiles = chunk_end - r0 >= kBlockRows ? 2 : 1;
-          block_product(tile_rows(r0), tile_rows(r0 + 16), k, wb, panel_elems, k, a_tiles,
-                        static_cast<int>(b_tiles));
-          pending.flush(out_features, stream);
-          float* buffer = sums[pending.next_buffer()];
+      if (twins) {
+        for (int64_t pair = begin; pair < end; pair += 2) {
+          const bool two = pair + 1 < end;
+          twin_product(tile_rows(chunk), k, pair_panels(pair), pair_tiles(pair), two ? pair_panels(pair + 1) : nullptr,
+                       two ? pair_tiles(pair + 1) : 0, panel_elems, k);
+          float* buffer = sums[pending.swap(out_features, stream)];
           store_tiles(buffer);
-          pending = Pending{buffer, std::min<int64_t>(kBlockRows, rows - r0), bp != nullptr ? bp + col0 : nullptr,
-                            op + r0 * out_features + col0, ncols, pending.buffer_index ^ 1};
+          pending.add(pair_part(pair, buffer, chunk, 16));
+          if (two) pending.add(pair_part(pair + 1, buffer + 16 * kSumRow, chunk, 16));
+        }
+      } else {
+        for (int64_t pair = begin; pair < end; ++pair) {
+          const c10::BFloat16* wb = pair_panels(pair);
+          const int b_tiles = pair_tiles(pair);
+          for (int64_t r0 = chunk; r0 < chunk_end; r0 += kBlockRows) {
+            float* buffer;
+            if (r0 == triple_r0) {
+              triple_product(tile_rows(r0), tile_rows(r0 + 16), tile_rows(r0 + 32), k, wb, panel_elems, k, b_tiles);
+              buffer = sums[pending.swap(out_features, stream)];
+              store_triple(buffer);
+              pending.add(pair_part(pair, buffer, r0, 48));
+              break;
+            }
+            block_product(tile_rows(r0), tile_rows(r0 + 16), k, wb, panel_elems, k,
+                          chunk_end - r0 >= kBlockRows ? 2 : 1, b_tiles);
+            buffer = sums[pending.swap(out_features, stream)];
+            store_tiles(buffer);
+            pending.add(pair_part(pair, buffer, r0, kBlockRows));
+          }
         }
       }
       pending.flush(out_features, stream);
