@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from radixrt.memory.page_pool import KVLayout, PagePool
 from radixrt.memory.radix_cache import RadixCache
-from radixrt.scheduler.drafts import ContextIndex, History, TokenIndex, cache_continuation
+from radixrt.scheduler.drafts import ContextIndex, History, TokenIndex, cache_continuation, candidates, ngram_match
 from radixrt.scheduler.speculation import DEFAULT_TOKEN_COST, MIN_TOKEN_COST, StepCost, best_length
 from radixrt.server_args import ServerArgs
 
@@ -71,6 +71,21 @@ def test_truncating_and_rewriting_an_index_equals_building_it_afresh(tokens, cut
     fresh.sync(changed, final=len(changed))
     for got, want in zip(index.indexes, fresh.indexes):
         assert got.tokens == want.tokens and got.heads == want.heads and got.prev == want.prev
+
+
+def test_candidates_hold_every_occurrence_longest_agreement_first_the_drafted_one_among_them():
+    index = ContextIndex(min_window=1, max_window=12)
+    history = History(1000, min_window=1, max_window=12)
+    history.add([8, 2, 3, 4, 70, 71])  # "2 3 4" then 70 (agrees on 3 tokens)
+    tokens = [1, 2, 3, 4, 50, 51, 9, 4, 60, 61, 1, 2, 3, 4]  # "1 2 3 4" then 50 (4 tokens); "4" then 60 (1)
+    index.sync(tokens, len(tokens))
+    found = candidates(index, history, tokens, limit=2)
+    firsts = [(m.tokens, m.length, m.source) for m in found]
+    assert firsts[0] == ([50, 51], 4, "context")
+    assert ([70, 71], 3, "history") in firsts and ([60, 61], 1, "context") in firsts
+    assert [m.length for m in found] == sorted((m.length for m in found), reverse=True)
+    chosen = ngram_match(index, history, tokens, limit=2)
+    assert (chosen.tokens, chosen.length) == (found[0].tokens, found[0].length)
 
 
 def test_history_matches_across_requests_and_stays_bounded():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from radixrt.memory.radix_node import TreeNode
@@ -76,29 +76,36 @@ class TokenIndex:
                     heads[key] = earlier
             tokens.pop()
 
-    def find(self, query: Sequence[int], skip_end: int = -1) -> tuple[int, int]:
-        """The earlier occurrence agreeing longest with the end of ``query``: (its end, the tokens it agrees on);
-        (-1, 0) when no window matches. ``skip_end``: an end never to return (the query's own, when the
-        query is this index's sequence)."""
+    def occurrences(self, query: Sequence[int], skip_end: int = -1) -> Iterator[tuple[int, int]]:
+        """The earlier occurrences of ``query``'s last ``gram`` tokens that the chain holds (``CHAIN_LIMIT`` windows,
+        newest first), each as (its end, the tokens of ``query``'s end it agrees on, up to ``max_window``).
+        ``skip_end``: an end never to give (the query's own, when the query is this index's sequence)."""
         gram = self.gram
         if len(query) < gram:
-            return -1, 0
+            return
         end = self.heads.get(tuple(query[len(query) - gram:]), -1)
         tokens, prev = self.tokens, self.prev
-        best_end, best_len = -1, 0
         longest = min(self.max_window, len(query))
         for _ in range(CHAIN_LIMIT):
             if end < 0:
-                break
+                return
             if end != skip_end and end < len(tokens) and tokens[end] != SEPARATOR:
                 agreed = gram
                 while agreed < longest and end - agreed - 1 >= 0 and tokens[end - agreed - 1] == query[-agreed - 1]:
                     agreed += 1
-                if agreed > best_len:
-                    best_end, best_len = end, agreed
-                    if agreed == longest:
-                        break
+                yield end, agreed
             end = prev[end - gram]
+
+    def find(self, query: Sequence[int], skip_end: int = -1) -> tuple[int, int]:
+        """The earlier occurrence agreeing longest with the end of ``query`` (the newest on ties): (its end, the
+        tokens it agrees on); (-1, 0) when no window matches."""
+        best_end, best_len = -1, 0
+        longest = min(self.max_window, len(query))
+        for end, agreed in self.occurrences(query, skip_end):
+            if agreed > best_len:
+                best_end, best_len = end, agreed
+                if agreed == longest:
+                    break
         return best_end, best_len
 
     def continuation(self, end: int, limit: int) -> list[int]:
@@ -196,6 +203,24 @@ def ngram_match(index: ContextIndex, history: History, tokens: Sequence[int], li
     if other is not None and (own is None or other.length > own.length):
         return other
     return own
+
+
+def candidates(index: ContextIndex, history: History, tokens: Sequence[int], limit: int) -> list[Match]:
+    """Every continuation the request's own context (``index`` synced to ``tokens``) and the history propose: each
+    earlier occurrence of the latest tokens that the indexes' chains hold, the longest agreement first (the
+    request's own, then the newest, on ties). What a tree of candidates would draft from."""
+    found: list[tuple[int, int, Match]] = []
+    for source, indexes, query, own in (("context", index.indexes, None, True),
+                                        ("history", list(reversed(history.segments)), tokens[-history.max_window:],
+                                         False)):
+        for ix in indexes:
+            q = ix.tokens if own else query
+            for end, agreed in ix.occurrences(q, skip_end=len(ix.tokens) if own else -1):
+                continuation = ix.continuation(end, limit)
+                if continuation:
+                    found.append((agreed, len(found), Match(continuation, agreed, source)))
+    found.sort(key=lambda f: (-f[0], f[1]))
+    return [match for _, _, match in found]
 
 
 def cache_continuation(node: TreeNode, tail: Sequence[int], page_size: int, limit: int) -> list[int]:
