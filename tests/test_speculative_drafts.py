@@ -151,6 +151,27 @@ def test_step_cost_is_fitted_from_timed_steps():
     assert cost.token_cost(1) == pytest.approx(1 / 21, rel=0.05)
 
 
+def test_a_stalled_step_does_not_make_drafts_look_cheap_and_a_lasting_change_still_moves_the_fit():
+    sizes = (8, 16, 24, 40, 72) * 20
+
+    def fitted(times) -> StepCost:
+        cost = StepCost()
+        for tokens, seconds in times:
+            cost.observe(tokens, seconds)
+        return cost
+
+    steady = [(t, 0.020 + 0.001 * t) for t in sizes]
+    assert fitted(steady).token_cost(8) == pytest.approx(8 / 28, rel=0.05)
+    # every 25th step stalls 4x (a small step each time): unclipped they lift the intercept and flatten the slope
+    # (the cost of a token came out 0.21 for 0.29)
+    stalled = [(t, s * 4 if i % 25 == 0 else s) for i, (t, s) in enumerate(steady)]
+    assert fitted(stalled).token_cost(8) == pytest.approx(8 / 28, rel=0.1)
+    # the machine really slows by half again and stays so: the fit follows (the ratio a token costs stays)
+    slower = steady + [(t, 1.5 * (0.020 + 0.001 * t)) for t in sizes]
+    line = fitted(slower).line()
+    assert line[0] == pytest.approx(0.030, rel=0.05) and line[1] == pytest.approx(0.0015, rel=0.05)
+
+
 def test_a_token_never_costs_nothing():
     """Steps of more tokens timed faster (noise, where tokens cost next to nothing) fit a slope below zero: the
     cost is floored, so the policy still weighs a draft's length."""

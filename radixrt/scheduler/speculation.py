@@ -152,27 +152,46 @@ def best_length(rate: float, cap: int, token_cost: float) -> int:
 
 
 class StepCost:
-    """Decode and verify steps' times fitted as ``a + b * tokens`` by least squares, older steps forgotten."""
+    """Decode and verify steps' times fitted as ``a + b * tokens`` by least squares, older steps forgotten.
+
+    A step timed more than ``OUTLIER`` times what the fit predicts counts as that much: a step the machine stalled
+    (another process, a page fault storm) would otherwise lift the intercept and flatten the slope for the next
+    hundred steps, and a flat slope makes every draft look cheap (a verify run's step times replayed with one step
+    in a hundred stalled 4x: the fitted cost of a token fell from 0.13 to below 0.08 for a quarter of the run, to
+    0.05 at worst). A lasting change in speed still moves the fit, by up to half again a step at a time."""
 
     FORGET = 0.98  # weight of a step one step older
     MIN_SPREAD = 0.25  # weighted variance of the token counts below which the slope is not trusted
+    OUTLIER = 1.5  # a step counts as at most this many times the time the fit predicts for it
 
     def __init__(self) -> None:
         self.sums = [0.0] * 5  # weights, tokens, seconds, tokens^2, tokens * seconds
 
+    def line(self) -> tuple[float, float] | None:
+        """The fitted (intercept, slope) in seconds, the slope at least 0; None until steps of different sizes
+        have been timed."""
+        w, x, y, xx, xy = self.sums
+        if w < 2 or xx / w - (x / w) ** 2 < self.MIN_SPREAD:
+            return None
+        slope = (w * xy - x * y) / (w * xx - x * x)
+        return (y - slope * x) / w, max(slope, 0.0)
+
     def observe(self, tokens: int, seconds: float) -> None:
+        fitted = self.line()
+        if fitted is not None:
+            predicted = fitted[0] + fitted[1] * tokens
+            if predicted > 0:
+                seconds = min(seconds, self.OUTLIER * predicted)
         f = self.FORGET
         w, x, y, xx, xy = self.sums
         self.sums = [f * w + 1, f * x + tokens, f * y + seconds, f * xx + tokens * tokens, f * xy + tokens * seconds]
 
     def token_cost(self, batch: int) -> float:
         """One more token, as a fraction of one request's share of a decode step of ``batch`` requests."""
-        w, x, y, xx, xy = self.sums
-        if w < 2 or xx / w - (x / w) ** 2 < self.MIN_SPREAD:
+        fitted = self.line()
+        if fitted is None:
             return DEFAULT_TOKEN_COST
-        slope = (w * xy - x * y) / (w * xx - x * x)
-        intercept = (y - slope * x) / w
-        slope = max(slope, 0.0)
+        intercept, slope = fitted
         if intercept <= 0:
             return 1.0  # time grows with every token: drafts only where acceptance is near certain
         return max(slope * batch / (intercept + slope * batch), MIN_TOKEN_COST)
