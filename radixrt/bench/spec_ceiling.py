@@ -118,19 +118,30 @@ def collect(name: str, seeds: list[int], max_new_tokens: int, dtype: str) -> dic
         engine.shutdown()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def replay_arguments(parser: argparse.ArgumentParser, token_costs: list[float]) -> None:
+    """The options of an offline replay over recorded workload outputs (this module's and ``spec_replay``'s)."""
     parser.add_argument("--workloads", type=lambda s: s.split(","), default=["extraction", "agent"])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--token-costs", type=lambda s: [float(x) for x in s.split(",")], default=[0.05, 0.35])
+    parser.add_argument("--token-costs", type=lambda s: [float(x) for x in s.split(",")], default=token_costs)
     parser.add_argument("--history", choices=("cold", "warm"), default="cold")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto")
+
+
+def parse_replay(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The options parsed and the workloads checked; the run's settings printed."""
     args = parser.parse_args(argv)
     unknown = sorted(set(args.workloads) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
     print(f"history {args.history}, {args.seeds} seeds, {args.max_new_tokens} tokens, draft <= {MAX_DRAFT}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    replay_arguments(parser, [0.05, 0.35])
+    args = parse_replay(parser, argv)
     print("| workload | draft token cost | drafter, as far as right | any match, as far as right |")
     print("|---|---:|---:|---:|")
     for name in args.workloads:

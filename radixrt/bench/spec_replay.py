@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from radixrt.bench.spec_ceiling import MAX_DRAFT, MAX_WINDOW, MIN_WINDOW, Request, agreement, collect
-from radixrt.bench.spec_workloads import WORKLOADS
+from radixrt.bench.spec_ceiling import (MAX_DRAFT, MAX_WINDOW, MIN_WINDOW, Request, agreement, collect, parse_replay,
+                                        replay_arguments)
 from radixrt.scheduler.drafts import ContextIndex, History, candidates, ngram_match
 from radixrt.scheduler.speculation import SpecState, best_length, evidence_class
 
@@ -85,20 +85,11 @@ def replay(request: Request, earlier: list[Request], cost: float, width: int) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", type=lambda s: s.split(","), default=["extraction", "agent"])
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--token-costs", type=lambda s: [float(x) for x in s.split(",")], default=[0.02, 0.12])
+    replay_arguments(parser, [0.02, 0.12])
     parser.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
-    parser.add_argument("--history", choices=("cold", "warm"), default="cold")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="auto")
-    args = parser.parse_args(argv)
-    unknown = sorted(set(args.workloads) - set(WORKLOADS))
-    if unknown:
-        parser.error(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
+    args = parse_replay(parser, argv)
     if min(args.widths) < 1:
         parser.error("widths must be >= 1")
-    print(f"history {args.history}, {args.seeds} seeds, {args.max_new_tokens} tokens, draft <= {MAX_DRAFT}")
     head = "| workload | draft token cost | " + " | ".join(
         "chain" if w == 1 else f"tree of {w}" for w in args.widths) + " |"
     print(head)
