@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from radixrt.bench.spec_ceiling import (MAX_DRAFT, MAX_WINDOW, MIN_WINDOW, Request, agreement, collect, parse_replay,
                                         replay_arguments)
 from radixrt.scheduler.drafts import ContextIndex, History, candidates, ngram_match
-from radixrt.scheduler.speculation import SpecState, best_length, evidence_class
+from radixrt.scheduler.speculation import SpecState, evidence_class
 
 
 def tree_of(chain: list[int], others: Sequence[list[int]], width: int) -> list[list[int]]:
@@ -59,12 +59,9 @@ def replay(request: Request, earlier: list[Request], cost: float, width: int) ->
     while j < len(output):
         tokens = request.prompt + output[:j]
         state.index.sync(tokens, len(tokens))
-        ngrams_pay = best_length(state.best_rate, MAX_DRAFT, cost) > 0
+        ngrams_pay = state.ngrams_pay(MAX_DRAFT, cost)
         match = ngram_match(state.index, history, tokens, MAX_DRAFT) if ngrams_pay else None
-        length = 0
-        if match is not None:
-            cls = evidence_class(match.length)
-            length = best_length(state.class_rate(cls), min(len(match.tokens), MAX_DRAFT), cost)
+        length = state.draft_length(match, MAX_DRAFT, cost) if match is not None else 0
         steps += 1
         if length == 0:
             if not ngrams_pay:
@@ -75,10 +72,11 @@ def replay(request: Request, earlier: list[Request], cost: float, width: int) ->
         others = [m.tokens for m in candidates(state.index, history, tokens, MAX_DRAFT)] if width > 1 else []
         branches = tree_of(chain, others, width)
         agreed = max(agreement(branch, output, j) for branch in branches)
-        state.observe(cls, agreed, agreed < length)
-        drafted += nodes(branches)
+        state.observe(evidence_class(match.length), agreed, agreed < length)
+        size = nodes(branches)
+        drafted += size
         accepted += agreed
-        spent += 1.0 + cost * nodes(branches)
+        spent += 1.0 + cost * size
         j += agreed + 1
     return dict(speedup=len(output) / spent if spent else 1.0, steps=steps, drafted=drafted, accepted=accepted)
 

@@ -209,18 +209,16 @@ def candidates(index: ContextIndex, history: History, tokens: Sequence[int], lim
     """Every continuation the request's own context (``index`` synced to ``tokens``) and the history propose: each
     earlier occurrence of the latest tokens that the indexes' chains hold, the longest agreement first (the
     request's own, then the newest, on ties). What a tree of candidates would draft from."""
-    found: list[tuple[int, int, Match]] = []
-    for source, indexes, query, own in (("context", index.indexes, None, True),
-                                        ("history", list(reversed(history.segments)), tokens[-history.max_window:],
-                                         False)):
-        for ix in indexes:
-            q = ix.tokens if own else query
-            for end, agreed in ix.occurrences(q, skip_end=len(ix.tokens) if own else -1):
-                continuation = ix.continuation(end, limit)
-                if continuation:
-                    found.append((agreed, len(found), Match(continuation, agreed, source)))
-    found.sort(key=lambda f: (-f[0], f[1]))
-    return [match for _, _, match in found]
+    recent = tokens[-history.max_window:]
+    searches = [("context", ix, ix.tokens, len(ix.tokens)) for ix in index.indexes]
+    searches += [("history", segment, recent, -1) for segment in reversed(history.segments)]
+    found: list[Match] = []
+    for source, ix, query, skip_end in searches:
+        for end, agreed in ix.occurrences(query, skip_end):
+            continuation = ix.continuation(end, limit)
+            if continuation:
+                found.append(Match(continuation, agreed, source))
+    return sorted(found, key=lambda match: -match.length)  # stable: the order found on ties
 
 
 def cache_continuation(node: TreeNode, tail: Sequence[int], page_size: int, limit: int) -> list[int]:

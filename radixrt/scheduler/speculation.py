@@ -114,6 +114,16 @@ class SpecState:
         self.class_accepted[cls] = DECAY * self.class_accepted[cls] + agreed
         self.class_rejected[cls] = DECAY * self.class_rejected[cls] + rejected
 
+    def ngrams_pay(self, limit: int, token_cost: float) -> bool:
+        """Whether even the best class's longest n-gram draft would pay (else only the radix cache is asked)."""
+        return best_length(self.best_rate, limit, token_cost) > 0
+
+    def draft_length(self, match: Match, limit: int, token_cost: float, trusted: bool = False) -> int:
+        """How many of ``match``'s tokens (at most ``limit``) to draft, by the estimate of its evidence class;
+        ``trusted``: a greedy request's continuation of its exact context, accepted at least ``CACHE_RATE``."""
+        rate = self.class_rate(evidence_class(match.length))
+        return best_length(max(rate, CACHE_RATE) if trusted else rate, min(len(match.tokens), limit), token_cost)
+
     def relax(self) -> None:
         """Shrink every count towards the prior (a step in which no draft would pay)."""
         self.accepted_weight *= RELAX
@@ -249,16 +259,12 @@ class Speculator:
             state = req.spec = SpecState(ContextIndex(self.min_window, self.max_window))
         state.index.sync(tokens, len(req.prompt_ids) + req.num_sent)
         limit = min(self.max_draft, room)
-        # Where even the best class's longest n-gram draft would not pay, only the radix cache's continuation is
-        # looked for.
-        ngrams_pay = best_length(state.best_rate, limit, token_cost) > 0
+        ngrams_pay = state.ngrams_pay(limit, token_cost)
         match = self._match(req, tokens, limit, ngrams_pay)
         length = 0
         if match is not None:
-            cls = evidence_class(match.length)
             trusted = match.source == "cache" and req.params.greedy  # the same context: the same tokens
-            rate = max(state.class_rate(cls), CACHE_RATE) if trusted else state.class_rate(cls)
-            length = best_length(rate, min(len(match.tokens), limit), token_cost)
+            length = state.draft_length(match, limit, token_cost, trusted)
         if length == 0:
             if not ngrams_pay:  # the estimates relax towards the prior: drafts are tried again later
                 state.relax()
@@ -272,7 +278,7 @@ class Speculator:
             return 0
         req.draft = draft[:length]
         req.draft_matchers = matchers[: length + 1] if matchers is not None else None
-        state.draft_class = cls
+        state.draft_class = evidence_class(match.length)
         self.sources[match.source] += 1
         return length
 
