@@ -41,7 +41,8 @@ import torch
 logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "paged_extend.cpp", "fused_ops.cpp",
-                                    "linear_panels.cpp", "linear_bf16.cpp", "linear_amx.cpp")]
+                                    "linear_panels.cpp", "linear_bf16.cpp", "linear_amx.cpp",
+                                    "greedy_tokens.cpp")]
 HEADERS = [CSRC / "dtype_vec.h", CSRC / "bf16_pairs.h", CSRC / "panel_product.h", CSRC / "amx_tiles.h",
            CSRC / "attend_amx.h"]
 VECTORS_ENV = "RADIXRT_CPU_VECTORS"
@@ -361,9 +362,17 @@ def linear_amx_usable() -> bool:
     return module is not None and module.linear_amx_usable()
 
 
-def linear_amx(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
-    """:func:`linear_bf16`'s product on AMX tiles, over the same panels (``in`` a multiple of 32)."""
-    return _call("radixrt::linear_amx", _module().linear_amx, x, panels, int(out_features), bias)
+def linear_amx(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
+               fp32_out: bool = False):
+    """:func:`linear_bf16`'s product on AMX tiles, over the same panels (``in`` a multiple of 32); with
+    ``fp32_out`` its bf16 values come widened to fp32 (as ``.float()`` of the bf16 result, in the same pass)."""
+    return _call("radixrt::linear_amx", _module().linear_amx, x, panels, int(out_features), bias, bool(fp32_out))
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The index of each row's largest logit (int64), as ``logits.max(dim=-1).indices``: the first of equal maxima,
+    the first NaN where a row has one; ``logits`` fp32 ``[rows, vocab]`` with contiguous rows."""
+    return _call("radixrt::greedy_tokens", _module().greedy_tokens, logits)
 
 
 def _call(name: str, kernel, *args):

@@ -230,3 +230,19 @@ def test_runner_logits_with_the_bf16_panels_match_the_plain_path(tmp_path, monke
     torch.testing.assert_close(
         packed.forward(ForwardBatch.build(batch, 4)), plain.forward(ForwardBatch.build(batch, 4)), atol=0.05, rtol=0.02
     )
+
+
+@pytest.mark.parametrize("forced", ["onednn", "bf16", "amx"])
+def test_an_lm_heads_fp32_logits_are_its_bf16_outputs_widened(forced, monkeypatch):
+    monkeypatch.setenv(cpu_linear.KERNEL_ENV, forced)
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(200, 64, generator=gen).bfloat16()
+    packed = cpu_linear.pack_weight(weight)
+    if packed is None:  # a CPU without AVX512-BF16, AMX or AVX-NE-CONVERT: bf16 stays on F.linear
+        pytest.skip(f"no packed bf16 kernel runs on this CPU ({forced} asked)")
+    for rows in (1, 8, 40, 300):
+        x = torch.randn(rows, 64, generator=gen).bfloat16()
+        bf16 = cpu_linear.packed_linear(x, packed)
+        wide = cpu_linear.packed_linear(x, packed, fp32_out=True)
+        assert bf16.dtype == torch.bfloat16 and wide.dtype == torch.float32
+        assert torch.equal(wide, bf16.float()), (packed.kernel, rows)

@@ -40,7 +40,8 @@ def test_the_kernel_choice_on_this_cpu(monkeypatch):
 # rows: one tile, two pairs at a time (1-16), a tile and its tail (17), two tiles (31-33), a 48-row block alone
 # (40, 48) and after 32-row ones (80), a chunk of 256 and past it (from 256 rows whole pairs of aligned output rows
 # are streamed; 260: a chunk of one tile, 300: of 48 rows); outputs: one panel, a partial panel, an odd number of
-# panels (the last pair has one; alone in a two-pair block), several pairs a thread, rows of whole pairs (96)
+# panels (the last pair has one; alone in a two-pair block), several pairs a thread, rows of whole pairs (96);
+# each also written as fp32 (streamed too from 256 rows where a row's fp32 outputs fill whole lines: 16, 48, 96)
 @needs_amx
 @pytest.mark.parametrize("rows", [1, 15, 16, 17, 32, 33, 40, 48, 80, 256, 260, 300])
 @pytest.mark.parametrize("outputs", [16, 37, 48, 96, 200])
@@ -56,6 +57,8 @@ def test_amx_computes_what_fp32_computes_rounded_once(rows, outputs, features):
         out = cpu_kernels.linear_amx(x, panels, outputs, b)
         assert out.dtype == torch.bfloat16 and out.shape == (rows, outputs)
         torch.testing.assert_close(out.double(), ref, rtol=2**-8, atol=1e-5)
+        wide = cpu_kernels.linear_amx(x, panels, outputs, b, fp32_out=True)  # an LM head's logits
+        assert wide.dtype == torch.float32 and torch.equal(wide, out.float())
 
 
 @needs_amx

@@ -179,13 +179,26 @@ def test_a_verify_steps_blocks_are_sampled_without_a_copy():
         assert torch.equal(_stacked(parts), torch.cat(parts))
 
 
-def test_greedy_tokens_are_argmax_on_ties_and_non_finite_rows():
+@pytest.mark.parametrize("kernel", [True, False], ids=["cpu-kernel", "torch"])
+def test_greedy_tokens_are_argmax_on_ties_and_non_finite_rows(kernel, monkeypatch):
+    from radixrt.kernels import cpu_kernels
     from radixrt.sampling.sampler import greedy_tokens
 
+    if kernel and cpu_kernels.load() is None:
+        pytest.fail(f"the CPU kernels did not build: {cpu_kernels.unavailable_reason()}")
+    if not kernel:
+        monkeypatch.setattr(cpu_kernels, "load", lambda: None)
     gen = torch.Generator().manual_seed(0)
     logits = (torch.randn(64, 49152, generator=gen) * 4).round() / 4  # many equal values a row
     logits[:8, torch.randint(0, 49152, (3,), generator=gen)] = 100.0  # three maxima
     logits[8] = float("-inf")  # a row a grammar mask emptied
     logits[9, 7] = float("nan")
+    logits[10, [40000, 3]] = float("nan")  # the first NaN, wherever the lanes meet it
+    logits[11, 49151] = float("inf")  # in the last vector
     assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
-    assert greedy_tokens(logits)[9] == 7
+    assert greedy_tokens(logits)[9] == 7 and greedy_tokens(logits)[10] == 3
+    assert torch.equal(greedy_tokens(logits[::3, 5:]), logits[::3, 5:].argmax(dim=-1))  # strided rows, odd width
+    for width in (1, 7, 16, 17, 33):  # narrower than a vector, and a vector plus a tail
+        few = (torch.randn(5, width, generator=gen) * 2).round()
+        few[4, -1] = 50.0
+        assert torch.equal(greedy_tokens(few), few.argmax(dim=-1)), width

@@ -24,8 +24,10 @@ bool linear_panels_built();
 at::Tensor pack_linear_bf16(at::Tensor weight);
 at::Tensor linear_bf16(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias);
 bool linear_bf16_built();
-at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias);
+at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias,
+                      bool fp32_out);
 bool linear_amx_usable();
+at::Tensor greedy_tokens(at::Tensor logits);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention reading K/V pages in place, a shared prefix once per chunk (CPU)");
@@ -44,5 +46,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_amx", &linear_amx, "linear_bf16's product on AMX tiles over the same panels (K a multiple of 32)");
   m.def("linear_amx_usable", &linear_amx_usable, "whether this build has the AMX path and the tiles are granted");
   m.def("rotary_embedding", &rotary_embedding, "neox-style rotary embedding of q and k, in place");
+  m.def("greedy_tokens", &greedy_tokens, "each row's first largest logit (the first NaN where it has one), as torch's max");
   m.def("rope_and_store", &rope_and_store, "rotary embedding of q (in place) and k, k and v stored into cache slots");
 }

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "amx_tiles.h"
@@ -49,17 +50,30 @@ constexpr int64_t kStreamRows = 256;
 #ifdef RADIXRT_AMX
 using radixrt::amx::tiles_permitted;
 
-// sums [rows][32] fp32 (two panels side by side) + bias -> out rows (ldo apart), the first ncols columns, bf16.
-inline void store_rows(const float* sums, int64_t rows, const float* bias, c10::BFloat16* out, int64_t ldo,
-                       int64_t ncols, bool stream) {
-  if (stream) {  // a whole pair into aligned lines: one non-temporal 64-byte store a row, no read of the line
+// One row's 16 sums (+ bias) rounded to bf16 (nearest even): the bits, and those bits widened back to fp32.
+inline __m256i rounded_bits(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
+inline __m512 widened(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)); }
+
+// sums [rows][32] fp32 (two panels side by side) + bias -> out rows (ldo apart), the first ncols columns, rounded
+// to bf16 and written as bf16 (O = c10::BFloat16) or as those values in fp32 (O = float: logits, which the
+// reference computes in bf16 and then widens).
+template <typename O>
+inline void store_rows(const float* sums, int64_t rows, const float* bias, O* out, int64_t ldo, int64_t ncols,
+                       bool stream) {
+  constexpr bool kWide = std::is_same_v<O, float>;
+  if (stream) {  // a whole pair into aligned lines: non-temporal 64-byte stores, no read of the lines
     for (int64_t r = 0; r < rows; ++r) {
       __m512 lo = _mm512_loadu_ps(sums + r * 2 * kCols), hi = _mm512_loadu_ps(sums + r * 2 * kCols + kCols);
       if (bias != nullptr) {
         lo = _mm512_add_ps(lo, _mm512_loadu_ps(bias));
         hi = _mm512_add_ps(hi, _mm512_loadu_ps(bias + kCols));
       }
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + r * ldo), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      if constexpr (kWide) {
+        _mm512_stream_ps(out + r * ldo, widened(rounded_bits(lo)));
+        _mm512_stream_ps(out + r * ldo + kCols, widened(rounded_bits(hi)));
+      } else {
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(out + r * ldo), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      }
     }
     return;
   }
@@ -70,30 +84,36 @@ inline void store_rows(const float* sums, int64_t rows, const float* bias, c10::
       const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
       __m512 v = _mm512_loadu_ps(sums + r * 2 * kCols + half * kCols);
       if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + half * kCols));
-      const __m256i bits = (__m256i)_mm512_cvtneps_pbh(v);
-      _mm256_mask_storeu_epi16(out + r * ldo + half * kCols, mask, bits);
+      if constexpr (kWide) {
+        _mm512_mask_storeu_ps(out + r * ldo + half * kCols, mask, widened(rounded_bits(v)));
+      } else {
+        _mm256_mask_storeu_epi16(out + r * ldo + half * kCols, mask, rounded_bits(v));
+      }
     }
   }
 }
 
 // A block's output: its sums and where they go.
+template <typename O>
 struct Part {
   const float* sums = nullptr;
   int64_t rows = 0;
   const float* bias = nullptr;
-  c10::BFloat16* out = nullptr;
+  O* out = nullptr;
   int64_t ncols = 0;
 
   void store(int64_t ldo, bool stream) const {
-    const bool aligned = ncols == 2 * kCols && reinterpret_cast<uintptr_t>(out) % 64 == 0 && (ldo * 2) % 64 == 0;
+    const bool aligned = ncols == 2 * kCols && reinterpret_cast<uintptr_t>(out) % 64 == 0 &&
+                         (ldo * static_cast<int64_t>(sizeof(O))) % 64 == 0;
     store_rows(sums, rows, bias, out, ldo, ncols, stream && aligned);
   }
 };
 
 // The outputs of a block (one pair's, or two pairs' for a two-pair block) whose sums wait to be rounded and
 // written, after the next block's tiles have been issued. Two sum buffers take turns.
+template <typename O>
 struct Pending {
-  Part parts[2];
+  Part<O> parts[2];
   int count = 0;
   int buffer_index = 1;
 
@@ -106,7 +126,7 @@ struct Pending {
     flush(ldo, stream);
     return buffer_index ^= 1;
   }
-  void add(const Part& part) { parts[count++] = part; }
+  void add(const Part<O>& part) { parts[count++] = part; }
 };
 
 // One step: the 16 rows at a0 (and, with a_tiles 2, the 16 at a1), lda elements apart, times panels [0, b_tiles)
@@ -233,8 +253,10 @@ bool linear_amx_usable() {
 #endif
 }
 
-// x [rows, K] bf16 times panels from pack_linear_bf16 (K a multiple of 32) on AMX tiles: [rows, out_features] bf16.
-at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias) {
+// x [rows, K] bf16 times panels from pack_linear_bf16 (K a multiple of 32) on AMX tiles: [rows, out_features] bf16,
+// or with fp32_out the same bf16 values widened to fp32 (an LM head's logits, without a second pass to widen them).
+at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias,
+                      bool fp32_out) {
 #ifdef RADIXRT_AMX
   TORCH_CHECK(linear_amx_usable(), "AMX tiles are not usable in this process");
   const radixrt::PanelProduct product = radixrt::check_panel_product(x, panels, out_features, bias, kCols);
@@ -257,64 +279,71 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
     std::memset(static_cast<void*>(tail.data() + copied), 0, (16 * k - copied) * sizeof(c10::BFloat16));
     tp = tail.data();
   }
-  auto out = at::empty({rows, out_features}, x.options());
+  auto out = at::empty({rows, out_features}, x.options().dtype(fp32_out ? at::kFloat : at::kBFloat16));
   auto tile_rows = [&](int64_t r) { return r < whole ? xp + r * k : tp; };  // the 16 rows from row r (r % 16 == 0)
   const auto* wp = panels.data_ptr<c10::BFloat16>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  auto* op = out.data_ptr<c10::BFloat16>();
   const int64_t panel_elems = half_k * kCols * 2, pairs = (num_panels + 1) / 2;
   const bool stream = rows >= kStreamRows;
   // Pair p's panels, output columns and bias.
   auto pair_panels = [&](int64_t p) { return wp + 2 * p * panel_elems; };
   auto pair_tiles = [&](int64_t p) { return static_cast<int>(std::min<int64_t>(2, num_panels - 2 * p)); };
-  auto pair_part = [&](int64_t p, const float* sums, int64_t r0, int64_t block_rows) {
-    const int64_t col0 = 2 * p * kCols;
-    return Part{sums, std::min(block_rows, rows - r0), bp != nullptr ? bp + col0 : nullptr,
-                op + r0 * out_features + col0, std::min<int64_t>(pair_tiles(p) * kCols, out_features - col0)};
-  };
-  for (int64_t chunk = 0; chunk < padded_rows; chunk += kChunkRows) {
-    const int64_t chunk_end = std::min(padded_rows, chunk + kChunkRows), chunk_rows = chunk_end - chunk;
-    const bool twins = chunk_rows == 16;
-    // where the chunk's last 48 rows go as one block (rows that end in half a block), else past its end
-    const int64_t triple_r0 = chunk_rows >= 48 && chunk_rows % kBlockRows == 16 ? chunk_end - 48 : chunk_end;
-    at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
-      const radixrt::amx::TileScope tiles;
-      alignas(64) float sums[2][48 * kSumRow];
-      Pending pending;
-      if (twins) {
-        for (int64_t pair = begin; pair < end; pair += 2) {
-          const bool two = pair + 1 < end;
-          twin_product(tile_rows(chunk), k, pair_panels(pair), pair_tiles(pair), two ? pair_panels(pair + 1) : nullptr,
-                       two ? pair_tiles(pair + 1) : 0, panel_elems, k);
-          float* buffer = sums[pending.swap(out_features, stream)];
-          store_tiles(buffer);
-          pending.add(pair_part(pair, buffer, chunk, 16));
-          if (two) pending.add(pair_part(pair + 1, buffer + 16 * kSumRow, chunk, 16));
-        }
-      } else {
-        for (int64_t pair = begin; pair < end; ++pair) {
-          const c10::BFloat16* wb = pair_panels(pair);
-          const int b_tiles = pair_tiles(pair);
-          for (int64_t r0 = chunk; r0 < chunk_end; r0 += kBlockRows) {
-            float* buffer;
-            if (r0 == triple_r0) {
-              triple_product(tile_rows(r0), tile_rows(r0 + 16), tile_rows(r0 + 32), k, wb, panel_elems, k, b_tiles);
-              buffer = sums[pending.swap(out_features, stream)];
-              store_triple(buffer);
-              pending.add(pair_part(pair, buffer, r0, 48));
-              break;
-            }
-            block_product(tile_rows(r0), tile_rows(r0 + 16), k, wb, panel_elems, k,
-                          chunk_end - r0 >= kBlockRows ? 2 : 1, b_tiles);
-            buffer = sums[pending.swap(out_features, stream)];
+  auto product_into = [&](auto* op) {
+    using O = std::remove_pointer_t<decltype(op)>;
+    auto pair_part = [&](int64_t p, const float* sums, int64_t r0, int64_t block_rows) {
+      const int64_t col0 = 2 * p * kCols;
+      return Part<O>{sums, std::min(block_rows, rows - r0), bp != nullptr ? bp + col0 : nullptr,
+                     op + r0 * out_features + col0, std::min<int64_t>(pair_tiles(p) * kCols, out_features - col0)};
+    };
+    for (int64_t chunk = 0; chunk < padded_rows; chunk += kChunkRows) {
+      const int64_t chunk_end = std::min(padded_rows, chunk + kChunkRows), chunk_rows = chunk_end - chunk;
+      const bool twins = chunk_rows == 16;
+      // where the chunk's last 48 rows go as one block (rows that end in half a block), else past its end
+      const int64_t triple_r0 = chunk_rows >= 48 && chunk_rows % kBlockRows == 16 ? chunk_end - 48 : chunk_end;
+      at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
+        const radixrt::amx::TileScope tiles;
+        alignas(64) float sums[2][48 * kSumRow];
+        Pending<O> pending;
+        if (twins) {
+          for (int64_t pair = begin; pair < end; pair += 2) {
+            const bool two = pair + 1 < end;
+            twin_product(tile_rows(chunk), k, pair_panels(pair), pair_tiles(pair),
+                         two ? pair_panels(pair + 1) : nullptr, two ? pair_tiles(pair + 1) : 0, panel_elems, k);
+            float* buffer = sums[pending.swap(out_features, stream)];
             store_tiles(buffer);
-            pending.add(pair_part(pair, buffer, r0, kBlockRows));
+            pending.add(pair_part(pair, buffer, chunk, 16));
+            if (two) pending.add(pair_part(pair + 1, buffer + 16 * kSumRow, chunk, 16));
+          }
+        } else {
+          for (int64_t pair = begin; pair < end; ++pair) {
+            const c10::BFloat16* wb = pair_panels(pair);
+            const int b_tiles = pair_tiles(pair);
+            for (int64_t r0 = chunk; r0 < chunk_end; r0 += kBlockRows) {
+              float* buffer;
+              if (r0 == triple_r0) {
+                triple_product(tile_rows(r0), tile_rows(r0 + 16), tile_rows(r0 + 32), k, wb, panel_elems, k, b_tiles);
+                buffer = sums[pending.swap(out_features, stream)];
+                store_triple(buffer);
+                pending.add(pair_part(pair, buffer, r0, 48));
+                break;
+              }
+              block_product(tile_rows(r0), tile_rows(r0 + 16), k, wb, panel_elems, k,
+                            chunk_end - r0 >= kBlockRows ? 2 : 1, b_tiles);
+              buffer = sums[pending.swap(out_features, stream)];
+              store_tiles(buffer);
+              pending.add(pair_part(pair, buffer, r0, kBlockRows));
+            }
           }
         }
-      }
-      pending.flush(out_features, stream);
-      _mm_sfence();  // the streamed lines are visible before another thread reads the output
-    });
+        pending.flush(out_features, stream);
+        _mm_sfence();  // the streamed lines are visible before another thread reads the output
+      });
+    }
+  };
+  if (fp32_out) {
+    product_into(out.data_ptr<float>());
+  } else {
+    product_into(out.data_ptr<c10::BFloat16>());
   }
   return out.view(product.out_shape);
 #else

@@ -195,11 +195,11 @@ class LlamaForCausalLM(InferenceModule):
         if batch.return_hidden:
             batch.hidden_states = x
         if self.packed_head is not None:
-            logits = packed_linear(x, self.packed_head)
+            logits = packed_linear(x, self.packed_head, fp32_out=True)
         else:
             logits = F.linear(x, self._head_weight())
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return head.gather_logits(logits).float()
+        return head.gather_logits(logits).float().contiguous()  # fp32 already where the head wrote it so
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         modules = dict(self.named_modules())

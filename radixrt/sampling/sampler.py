@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from radixrt.device_copy import stage
+from radixrt.kernels import cpu_kernels
 from radixrt.sampling.params import SamplingParams
 
 
@@ -107,9 +108,13 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, generator_states: dict[in
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(dim=-1)``: the first of the maximal values, NaN where a row has one. Read off ``max``,
-    which on a CPU took a third of argmax's time (a verify step of 40 rows of 49,152 logits: 0.53 ms against
-    1.5)."""
+    """``logits.argmax(dim=-1)``: the first of the maximal values, NaN where a row has one. On a CPU with the C++
+    kernels, one vectorised pass a row (``cpu_kernels.greedy_tokens``: a verify step's 40 rows of 49,152 logits in
+    0.17 ms on two cores); elsewhere read off ``max``, which on a CPU takes a third of argmax's time (0.55 ms
+    against 1.5)."""
+    if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2 and logits.shape[1] > 0
+            and logits.stride(1) == 1 and cpu_kernels.load() is not None):
+        return cpu_kernels.greedy_tokens(logits)
     return logits.max(dim=-1).indices
 
 
