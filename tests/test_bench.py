@@ -376,6 +376,24 @@ def test_verify_step_bench_times_decode_rows_against_the_extend_kernel(capsys, d
     assert all(float(cell) > 0 for cell in lines[1].strip("| ").split(" | ")[1:])
 
 
+@pytest.mark.model
+def test_verify_step_bench_times_the_logits_path_now_and_the_former_way(capsys, default_model_path, monkeypatch):
+    from radixrt.bench import verify_step_bench
+    from radixrt.sampling import sampler
+
+    greedy_calls = []
+    greedy_tokens = sampler.greedy_tokens
+    monkeypatch.setattr(sampler, "greedy_tokens", lambda logits: greedy_calls.append(len(logits)) or
+                        greedy_tokens(logits))
+    assert verify_step_bench.main(["--batch", "2", "--context", "20", "--rows", "1,3", "--repeats", "2",
+                                   "--logits"]) == 0
+    out = capsys.readouterr().out
+    assert "a forward and its rows' greedy tokens" in out
+    lines = [line for line in out.splitlines() if line.startswith(("| 1 (2) |", "| 3 (6) |"))]
+    assert len(lines) == 2 and all(float(cell) > 0 for line in lines for cell in line.strip("| ").split(" | ")[1:])
+    assert greedy_calls == [2] * 3 + [6] * 3  # "now" (a warm-up and two runs a row count) takes the runtime's path
+
+
 @pytest.mark.parametrize("temperature, seeded", [(0.0, False), (1.0, False), (1.0, True)])
 def test_step_overhead_bench_times_greedy_and_sampled_steps(temperature, seeded):
     from radixrt.bench.step_overhead import measure

@@ -1,12 +1,18 @@
 """A speculative verify step's forward on the CPU: a few new tokens a request, as decode rows and as an extend.
 
     python -m radixrt.bench.verify_step_bench [--batch 8] [--context 500] [--rows 1,2,3,4,6,9] [--dtype bfloat16]
+                                              [--logits]
 
 Prefills ``--batch`` requests of ``--context`` tokens into the default model's KV pool, then times forwards in
 which every request adds k tokens and wants the logits of each (a verify step of k - 1 draft tokens; k = 1 is
 a plain decode step). Each k runs two ways, alternating: the backend as it is (up to
 ``torch_attention.SHORT_EXTEND`` new tokens a request attend as decode rows) and with that path off (the extend
 kernel). Each figure is the median of ``--repeats`` forwards, in ms.
+
+``--logits`` instead times each forward with its rows' greedy tokens (what a greedy verify step computes on the
+device), two ways alternating: as the runtime does it (on AMX, the LM head writes fp32 logits in its one pass;
+greedy tokens from ``sampler.greedy_tokens``, the C++ argmax where the kernels are built) and the former way (the
+head's bf16 output widened after, greedy tokens read off torch's ``max``).
 """
 
 from __future__ import annotations
@@ -17,10 +23,11 @@ import statistics
 import time
 from unittest import mock
 
-from radixrt.model import torch_attention
+from radixrt.model import cpu_linear, llama, torch_attention
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.runner import ModelRunner
 from radixrt.model.weights import resolve_model_path
+from radixrt.sampling import sampler
 
 PAGE_SIZE = 16
 
@@ -33,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=500)
     parser.add_argument("--rows", default="1,2,3,4,6,9", help="new tokens a request, comma-separated")
     parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--logits", action="store_true", help="forward and greedy tokens, now and the former way")
     args = parser.parse_args(argv)
     rows = [int(k) for k in args.rows.split(",")]
     pages_each = -(-(args.context + max(rows)) // PAGE_SIZE)
@@ -43,13 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     pages = [list(range(1 + b * pages_each, 1 + (b + 1) * pages_each)) for b in range(args.batch)]
     runner.forward(ForwardBatch.build([SeqChunk(tokens(args.context), 0, p) for p in pages], PAGE_SIZE))
 
-    def forward_ms(k: int) -> float:
+    def forward_ms(k: int, greedy=None) -> float:
         batch = ForwardBatch.build([SeqChunk(tokens(k), args.context, p, logits_from=0 if k > 1 else None)
                                     for p in pages], PAGE_SIZE)
         start = time.perf_counter()
-        runner.forward(batch)
+        logits = runner.forward(batch)
+        if greedy is not None:
+            greedy(logits).tolist()
         return (time.perf_counter() - start) * 1e3
 
+    if args.logits:
+        return _compare_logits_paths(args, rows, forward_ms)
     print(f"{args.dtype}, batch {args.batch}, {args.context} tokens of context each")
     print("| new tokens a request | as decode rows, ms | through the extend kernel, ms |")
     print("|---:|---:|---:|")
@@ -62,6 +74,32 @@ def main(argv: list[str] | None = None) -> int:
                 timed["extend"].append(forward_ms(k))
         extend = "-" if k == 1 else f"{statistics.median(timed['extend']):.2f}"  # one token: a decode either way
         print(f"| {k} | {statistics.median(timed['rows']):.2f} | {extend} |")
+    return 0
+
+
+def _compare_logits_paths(args, rows: list[int], forward_ms) -> int:
+    packed_linear = cpu_linear.packed_linear
+
+    def widened_after(x, packed, bias=None, fp32_out=False):
+        out = packed_linear(x, packed, bias)
+        return out.float() if fp32_out else out
+
+    def read_off_max(logits):
+        return logits.max(dim=-1).indices
+
+    print(f"{args.dtype}, batch {args.batch}, {args.context} tokens of context each: a forward and its rows' greedy "
+          "tokens, ms")
+    print("| new tokens a request (rows) | now | the former way |")
+    print("|---:|---:|---:|")
+    for k in rows:
+        timed: dict[str, list[float]] = {"now": [], "former": []}
+        forward_ms(k, sampler.greedy_tokens)
+        for _ in range(args.repeats):
+            timed["now"].append(forward_ms(k, sampler.greedy_tokens))
+            with mock.patch.object(llama, "packed_linear", widened_after):
+                timed["former"].append(forward_ms(k, read_off_max))
+        print(f"| {k} ({k * args.batch}) | {statistics.median(timed['now']):.2f} | "
+              f"{statistics.median(timed['former']):.2f} |")
     return 0
 
 
