@@ -120,10 +120,9 @@ void attend_span_tiles(const int64_t* limit, int rows, float scale, Row* state, 
     Vec top(kNegInf);
     for (int64_t j = 0; j < count; ++j) {
       valid[j] = std::clamp<int64_t>(limit[i] - blocks[j].start, 0, blocks[j].n);
-      alignas(64) float lanes[kLanes];
-      (Vec::loadu(&w.scores[i][j * kBlockKeys]) * Vec(scale)).store(lanes);
-      for (int64_t t = valid[j]; t < kLanes; ++t) lanes[t] = kNegInf;
-      const Vec s = Vec::loadu(lanes);
+      const __mmask16 keep = static_cast<__mmask16>((1u << valid[j]) - 1);
+      const Vec s(_mm512_mask_mul_ps(_mm512_set1_ps(kNegInf), keep, Vec::loadu(&w.scores[i][j * kBlockKeys]),
+                                     _mm512_set1_ps(scale)));
       s.store(&w.scores[i][j * kBlockKeys]);
       top = at::vec::maximum(top, s);
     }
