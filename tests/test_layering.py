@@ -30,7 +30,7 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("radixrt.metrics", ()),
     ("radixrt.reasoning", ("radixrt.reasoning", "radixrt.tools.markers", "radixrt.tools.regex")),
     ("radixrt.memory", ("radixrt.memory", "radixrt.token_ids")),
-    ("radixrt.sampling", ("radixrt.sampling", "radixrt.device_copy")),
+    ("radixrt.sampling", ("radixrt.sampling", "radixrt.device_copy", "radixrt.kernels")),
     ("radixrt.constrained", ("radixrt.constrained", "radixrt.token_ids")),
     ("radixrt.protocol", ("radixrt.protocol", "radixrt.sampling.params", "radixrt.constrained.patterns")),
     ("radixrt.model", ("radixrt.model", "radixrt.kernels", "radixrt.memory.page_pool", "radixrt.device_copy",
