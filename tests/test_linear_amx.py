@@ -61,6 +61,22 @@ def test_amx_computes_what_fp32_computes_rounded_once(rows, outputs, features):
         assert wide.dtype == torch.float32 and torch.equal(wide, out.float())
 
 
+# an output past 4 MB goes out in non-temporal stores at any row count (an LM head's logits at a verify step's rows):
+# fp32 at 40 rows, bf16 at 80, a vocabulary that ends in part of a panel, and one below the size (the cached stores)
+@needs_amx
+@pytest.mark.parametrize("rows, outputs", [(40, 32768), (40, 32760), (80, 32768), (8, 32768)])
+def test_amx_streams_an_output_larger_than_the_cache_at_any_row_count(rows, outputs):
+    gen = torch.Generator().manual_seed(rows + outputs)
+    weight = torch.randn(outputs, 64, generator=gen).bfloat16()
+    x = torch.randn(rows, 64, generator=gen).bfloat16()
+    panels = cpu_kernels.pack_linear_bf16(weight)
+    out = cpu_kernels.linear_amx(x, panels, outputs)
+    torch.testing.assert_close(out.double(), x.double() @ weight.double().t(), rtol=2**-8, atol=1e-5)
+    assert torch.equal(cpu_kernels.linear_amx(x, panels, outputs, fp32_out=True), out.float())
+    alone = torch.cat([cpu_kernels.linear_amx(x[r : r + 1], panels, outputs) for r in range(0, rows, 7)])
+    assert torch.equal(alone, out[::7])
+
+
 @needs_amx
 def test_amx_gives_a_row_the_same_bits_whatever_rows_share_its_product():
     """A speculative verify step's rows must be its decode steps' rows: the padding of a partial tile and the

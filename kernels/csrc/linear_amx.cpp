@@ -17,9 +17,11 @@
 // Every row's sums run in the same order whatever the block, so a row gets the same bits whatever shares its
 // product.
 //
-// From kStreamRows rows on (prefill sizes) a whole pair's outputs go out in non-temporal stores, a line a row:
+// From kStreamRows rows on (prefill sizes), and for an output of more than kStreamBytes (an LM head's logits at a
+// verify step's 40 rows: 7.9 MB of fp32), a whole pair's outputs go out in non-temporal stores, a line a row:
 // written through the cache, each output line was first read from memory, and at 2,048 rows those reads took a
-// fifth of the product's time (264 -> 200 ms for the default model's projections, oneDNN 186-189).
+// fifth of the product's time (264 -> 200 ms for the default model's projections, oneDNN 186-189); an output past
+// L2's size leaves the cache before it is read anyway (a verify step of 40-48 rows: 1-2% faster).
 // Rows go in chunks of kChunkRows; in each, threads take pairs of panels and walk the chunk's row blocks against
 // them, so a pair's weights stay in L1/L2 while the chunk's rows, in L2, pass. Rows past a multiple of 16 are
 // read from a zero-padded copy of one tile (a tile loads 16 rows); the others in place.
@@ -46,6 +48,7 @@ constexpr int64_t kBlockRows = 32; // rows of x in a step (two A tiles)
 // walking all rows against each pair re-read x from memory once a pair (2,048 rows: 1.6x oneDNN's time).
 constexpr int64_t kChunkRows = 256;
 constexpr int64_t kStreamRows = 256;
+constexpr int64_t kStreamBytes = int64_t{4} << 20;
 constexpr int64_t kLineElems = 64 / sizeof(c10::BFloat16);  // bf16 elements of a cache line
 
 #ifdef RADIXRT_AMX
@@ -288,12 +291,12 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
   const auto* wp = panels.data_ptr<c10::BFloat16>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   const int64_t panel_elems = half_k * kCols * 2, pairs = (num_panels + 1) / 2;
-  const bool stream = rows >= kStreamRows;
   // Pair p's panels, output columns and bias.
   auto pair_panels = [&](int64_t p) { return wp + 2 * p * panel_elems; };
   auto pair_tiles = [&](int64_t p) { return static_cast<int>(std::min<int64_t>(2, num_panels - 2 * p)); };
   auto product_into = [&](auto* op) {
     using O = std::remove_pointer_t<decltype(op)>;
+    const bool stream = rows >= kStreamRows || rows * out_features * static_cast<int64_t>(sizeof(O)) > kStreamBytes;
     auto pair_part = [&](int64_t p, const float* sums, int64_t r0, int64_t block_rows) {
       const int64_t col0 = 2 * p * kCols;
       return Part<O>{sums, std::min(block_rows, rows - r0), bp != nullptr ? bp + col0 : nullptr,
