@@ -135,7 +135,7 @@ void attend_span_tiles(const int64_t* limit, int rows, float scale, Row* state, 
       const Vec p = m == kNegInf ? Vec(0.f) : Vec(_mm512_maskz_mov_ps(keep, e));
       sum = sum + p;
       _mm256_store_si256(reinterpret_cast<__m256i*>(&w.weights[i][j * kBlockKeys]),
-                         _mm512_cvtepi32_epi16(radixrt::detail::bf16_bits(p)));
+                         (__m256i)_mm512_cvtneps_pbh(p));  // as the vdpbf16ps path rounds its weights
     }
     for (int64_t j = count; j < 2 * steps; ++j) {
       std::memset(&w.weights[i][j * kBlockKeys], 0, kBlockKeys * sizeof(uint16_t));

@@ -250,8 +250,9 @@ inline void attend_span_bf16(const c10::BFloat16* const* q, float scale, RowStat
     for (int64_t j = 0; j < count; ++j) {
       const Vec w = (Vec::loadu(s[j]) - Vec(m)).exp_u20();
       sum = sum + w;
-      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[i][j]),
-                         _mm512_cvtepi32_epi16(radixrt::detail::bf16_bits(w)));
+      // to bf16 by the CPU's conversion: nearest even, as c10 rounds, in one instruction; a weight below fp32's
+      // normal range (1e-38) becomes 0 there, where its share of any sum lies far below the sum's last bit
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[i][j]), (__m256i)_mm512_cvtneps_pbh(w));
     }
     row.l = row.l * rescale[i] + hsum(sum);
     row.m = m;
