@@ -127,7 +127,7 @@ void attend_span_tiles(const int64_t* limit, int rows, float scale, Row* state, 
       top = at::vec::maximum(top, s);
     }
     const float m = std::max(row.m, hmax(top));
-    rescale[i] = m == kNegInf ? 1.f : std::exp(row.m - m);  // 0 on a row's first span (row.m = -inf)
+    rescale[i] = radixrt::softmax_rescale(row.m, m);
     Vec sum(0.f);
     for (int64_t j = 0; j < count; ++j) {
       const __mmask16 keep = static_cast<__mmask16>((1u << valid[j]) - 1);

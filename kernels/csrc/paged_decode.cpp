@@ -123,7 +123,7 @@ template <bool kFastExp>
 inline float softmax_step(RowState& row, Vec s, int64_t n, float* p) {
   s = keep_first(s, n, kNegInf);
   const float top = std::max(row.m, hmax(s));
-  const float rescale = std::exp(row.m - top);  // 0 on the first block (m = -inf)
+  const float rescale = radixrt::softmax_rescale(row.m, top);
   const Vec w = kFastExp ? (s - Vec(top)).exp_u20() : (s - Vec(top)).exp();
   w.store(p);
   row.l = row.l * rescale + hsum(w);
@@ -245,7 +245,7 @@ inline void attend_span_bf16(const c10::BFloat16* const* q, float scale, RowStat
     }
     RowState& row = rows[i];
     const float m = std::max(row.m, hmax(top));
-    rescale[i] = std::exp(row.m - m);  // 0 on the first span (m = -inf)
+    rescale[i] = radixrt::softmax_rescale(row.m, m);
     Vec sum(0.f);
     for (int64_t j = 0; j < count; ++j) {
       const Vec w = (Vec::loadu(s[j]) - Vec(m)).exp_u20();
