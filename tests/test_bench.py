@@ -411,3 +411,57 @@ def test_step_overhead_bench_times_the_whole_engine_on_a_small_vocabulary(capsys
     with pytest.raises(SystemExit):
         step_overhead.main(["--engine", "--vocab", "500"])
     assert "--vocab must be at least 1024" in capsys.readouterr().err
+
+
+@pytest.mark.model
+def test_kernel_ab_times_forwards_with_the_base_build_and_the_tree_build_in_turn(capsys, default_model_path,
+                                                                                monkeypatch):
+    from radixrt.bench import kernel_ab
+    from radixrt.kernels import cpu_kernels
+
+    own = cpu_kernels.load()
+    calls = {"base": 0}
+
+    class Base:  # a second build, as the tool would load one: every kernel call through it is counted
+        def __getattr__(self, name):
+            calls["base"] += 1
+            return getattr(own, name)
+
+    changed = {**kernel_ab.tree_sources(), "greedy_tokens.cpp": b"// another build\n"}
+    monkeypatch.setattr(kernel_ab, "base_sources", lambda rev: changed)
+    monkeypatch.setattr(kernel_ab, "build", lambda sources: Base() if sources is changed else None)
+    original = cpu_kernels._module
+    assert kernel_ab.main(["--base", "v0", "--batch", "2", "--context", "20", "--rows", "1,3", "--repeats", "2"]) == 0
+    assert cpu_kernels._module is original
+    out = capsys.readouterr().out
+    assert "kernels of v0 against this tree's" in out and "the same sources" not in out
+    lines = [line for line in out.splitlines() if line.startswith(("| 1 (2) |", "| 3 (6) |"))]
+    assert len(lines) == 2 and all(float(cell) > 0 for line in lines for cell in line.strip("| ").split(" | ")[1:])
+    assert calls["base"] > 2 * 3 * 30  # every layer's kernels of the base's forwards (a warm-up and two a row count)
+
+
+def test_kernel_ab_reads_the_kernel_sources_of_a_revision_and_knows_this_trees():
+    from radixrt.bench import kernel_ab
+
+    head = kernel_ab.base_sources("HEAD")
+    assert {"linear_amx.cpp", "bindings.cpp", "amx_tiles.h"} <= set(head) and head["bindings.cpp"].startswith(b"//")
+    assert set(kernel_ab.tree_sources()) >= {"linear_amx.cpp", "bindings.cpp"}
+    with pytest.raises(SystemExit, match="cannot read kernels/csrc at 'no-such-revision'"):
+        kernel_ab.base_sources("no-such-revision")
+
+
+@pytest.mark.slow
+def test_kernel_ab_builds_other_sources_beside_the_runtimes_build():
+    """A build of other sources loads next to the runtime's and computes what it computes (one more compile)."""
+    import torch
+
+    from radixrt.bench import kernel_ab
+    from radixrt.kernels import cpu_kernels
+
+    sources = kernel_ab.tree_sources()
+    sources["greedy_tokens.cpp"] += b"\n// built again by the kernel A/B tool's test\n"
+    other = kernel_ab.build(sources)
+    own = cpu_kernels.load()
+    assert other is not own and other.__name__ != own.__name__
+    logits = torch.randn(5, 1000)
+    assert torch.equal(other.greedy_tokens(logits), own.greedy_tokens(logits))

@@ -32,6 +32,30 @@ from radixrt.sampling import sampler
 PAGE_SIZE = 16
 
 
+def verify_steps(model: str, dtype: str, batch: int, context: int, max_rows: int):
+    """A runner with ``batch`` requests of ``context`` random tokens prefilled, and ``forward_ms(k, greedy=None)``:
+    the time of a forward in which every request adds ``k`` tokens and wants the logits of each (with ``greedy``,
+    also its rows' greedy tokens read from those logits), in ms."""
+    pages_each = -(-(context + max_rows) // PAGE_SIZE)
+    runner = ModelRunner(resolve_model_path(model), dtype=dtype, page_size=PAGE_SIZE,
+                         num_pages=batch * pages_each + 1)
+    rng = random.Random(0)
+    tokens = lambda n: [rng.randrange(1000, 20000) for _ in range(n)]  # noqa: E731
+    pages = [list(range(1 + b * pages_each, 1 + (b + 1) * pages_each)) for b in range(batch)]
+    runner.forward(ForwardBatch.build([SeqChunk(tokens(context), 0, p) for p in pages], PAGE_SIZE))
+
+    def forward_ms(k: int, greedy=None) -> float:
+        step = ForwardBatch.build([SeqChunk(tokens(k), context, p, logits_from=0 if k > 1 else None)
+                                   for p in pages], PAGE_SIZE)
+        start = time.perf_counter()
+        logits = runner.forward(step)
+        if greedy is not None:
+            greedy(logits).tolist()
+        return (time.perf_counter() - start) * 1e3
+
+    return runner, forward_ms
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -43,22 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logits", action="store_true", help="forward and greedy tokens, now and the former way")
     args = parser.parse_args(argv)
     rows = [int(k) for k in args.rows.split(",")]
-    pages_each = -(-(args.context + max(rows)) // PAGE_SIZE)
-    runner = ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE,
-                         num_pages=args.batch * pages_each + 1)
-    rng = random.Random(0)
-    tokens = lambda n: [rng.randrange(1000, 20000) for _ in range(n)]  # noqa: E731
-    pages = [list(range(1 + b * pages_each, 1 + (b + 1) * pages_each)) for b in range(args.batch)]
-    runner.forward(ForwardBatch.build([SeqChunk(tokens(args.context), 0, p) for p in pages], PAGE_SIZE))
-
-    def forward_ms(k: int, greedy=None) -> float:
-        batch = ForwardBatch.build([SeqChunk(tokens(k), args.context, p, logits_from=0 if k > 1 else None)
-                                    for p in pages], PAGE_SIZE)
-        start = time.perf_counter()
-        logits = runner.forward(batch)
-        if greedy is not None:
-            greedy(logits).tolist()
-        return (time.perf_counter() - start) * 1e3
+    _, forward_ms = verify_steps(args.model, args.dtype, args.batch, args.context, max(rows))
 
     if args.logits:
         return _compare_logits_paths(args, rows, forward_ms)

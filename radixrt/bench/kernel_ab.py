@@ -1,0 +1,117 @@
+"""The CPU kernels of this tree against those of another commit: the same forwards, both builds loaded side by side
+in one process, alternating.
+
+    python -m radixrt.bench.kernel_ab --base REV [--batch 8] [--context 450] [--rows 1,5] [--repeats 20]
+                                      [--dtype bfloat16] [--model smollm2-135m]
+
+Builds ``kernels/csrc`` as it is at git revision ``REV`` (into a temporary folder, compiled with the runtime's own
+flags) next to this tree's build, then times verify-step forwards with their rows' greedy tokens
+(``verify_step_bench.verify_steps``: ``--batch`` requests of ``--context`` tokens, each adding k tokens a step),
+switching the kernels module between the two builds forward by forward. Each figure is the median of
+``--repeats`` forwards, in ms. A change inside the kernels shows here apart from the machine's drift, which two
+runs minutes apart do not give on a VM. The Python side is this tree's for both builds, so the base must offer the
+same kernel functions (a change inside the kernels, not to their signatures). Where the base's sources are this
+tree's, both columns time the same build: the spread between them is the noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from radixrt.bench.verify_step_bench import verify_steps
+from radixrt.kernels import cpu_kernels
+from radixrt.sampling import sampler
+
+CSRC = "kernels/csrc"
+
+
+def _repo_root() -> Path:
+    return cpu_kernels.CSRC.parent.parent
+
+
+def base_sources(rev: str) -> dict[str, bytes]:
+    """``kernels/csrc``'s files at ``rev``: name -> contents."""
+    root = _repo_root()
+    try:
+        names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{CSRC}"], cwd=root, check=True,
+                               capture_output=True, text=True).stdout.split()
+        return {name: subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=root, check=True,
+                                     capture_output=True).stdout for name in names}
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        raise SystemExit(f"kernel_ab: cannot read {CSRC} at {rev!r} with git: {detail}") from exc
+
+
+def tree_sources() -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(cpu_kernels.CSRC.iterdir()) if path.is_file()}
+
+
+def build(sources: dict[str, bytes]) -> ModuleType:
+    """The kernels built from ``sources`` with the runtime's flags (cached by their contents, as the runtime's)."""
+    from torch.utils.cpp_extension import load as load_extension
+
+    digest = hashlib.sha256(torch.__version__.encode())
+    for name in sorted(sources):
+        digest.update(name.encode() + sources[name])
+    digest.update(" ".join(cpu_kernels.compile_flags()).encode())
+    folder = Path(tempfile.mkdtemp(prefix="radixrt-kernel-ab-"))
+    for name, text in sources.items():
+        (folder / name).write_bytes(text)
+    return load_extension(name=f"radixrt_cpu_ab_{digest.hexdigest()[:12]}",
+                          sources=[str(folder / name) for name in sorted(sources) if name.endswith(".cpp")],
+                          extra_cflags=cpu_kernels.compile_flags(), extra_ldflags=["-fopenmp"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="the git revision whose kernels are the baseline")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--context", type=int, default=450)
+    parser.add_argument("--rows", default="1,5", help="new tokens a request, comma-separated")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args(argv)
+    rows = [int(k) for k in args.rows.split(",")]
+    own = cpu_kernels.load()
+    if own is None:
+        raise SystemExit(f"kernel_ab: the CPU kernels do not run here ({cpu_kernels.unavailable_reason()})")
+    sources = base_sources(args.base)
+    same = sources == tree_sources()
+    builds = {"base": own if same else build(sources), "tree": own}
+    chosen = {"module": own}
+    original = cpu_kernels._module
+    cpu_kernels._module = lambda: chosen["module"]
+    try:
+        _, forward_ms = verify_steps(args.model, args.dtype, args.batch, args.context, max(rows))
+        print(f"{args.dtype}, batch {args.batch}, {args.context} tokens of context each; kernels of {args.base}"
+              f"{' (the same sources as this tree)' if same else ''} against this tree's: a forward and its rows' "
+              "greedy tokens, ms")
+        print(f"| new tokens a request (rows) | {args.base} | this tree | tree / base |")
+        print("|---:|---:|---:|---:|")
+        for k in rows:
+            timed: dict[str, list[float]] = {name: [] for name in builds}
+            for name, module in builds.items():  # a warm-up each
+                chosen["module"] = module
+                forward_ms(k, sampler.greedy_tokens)
+            for _ in range(args.repeats):
+                for name, module in builds.items():
+                    chosen["module"] = module
+                    timed[name].append(forward_ms(k, sampler.greedy_tokens))
+            base, tree = statistics.median(timed["base"]), statistics.median(timed["tree"])
+            print(f"| {k} ({k * args.batch}) | {base:.2f} | {tree:.2f} | {tree / base:.3f} |", flush=True)
+    finally:
+        cpu_kernels._module = original
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
