@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -59,14 +60,22 @@ def build(sources: dict[str, bytes]) -> ModuleType:
     from torch.utils.cpp_extension import load as load_extension
 
     digest = hashlib.sha256(torch.__version__.encode())
-    for name in sorted(sources):
-        digest.update(name.encode() + sources[name])
+    for file in sorted(sources):
+        digest.update(file.encode() + sources[file])
     digest.update(" ".join(cpu_kernels.compile_flags()).encode())
-    folder = Path(tempfile.mkdtemp(prefix="radixrt-kernel-ab-"))
-    for name, text in sources.items():
-        (folder / name).write_bytes(text)
-    return load_extension(name=f"radixrt_cpu_ab_{digest.hexdigest()[:12]}",
-                          sources=[str(folder / name) for name in sorted(sources) if name.endswith(".cpp")],
+    name = f"radixrt_cpu_ab_{digest.hexdigest()[:12]}"
+    # the same sources keep the same paths and times, which is what lets the build's ninja find nothing to redo
+    folder = Path(tempfile.gettempdir()) / name
+    if not folder.is_dir():
+        staging = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+        for file, text in sources.items():
+            (staging / file).write_bytes(text)
+        try:
+            staging.rename(folder)
+        except OSError:  # another process put the same sources there first
+            shutil.rmtree(staging, ignore_errors=True)
+    return load_extension(name=name,
+                          sources=[str(folder / file) for file in sorted(sources) if file.endswith(".cpp")],
                           extra_cflags=cpu_kernels.compile_flags(), extra_ldflags=["-fopenmp"])
 
 
