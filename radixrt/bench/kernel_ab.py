@@ -31,20 +31,16 @@ from radixrt.bench.verify_step_bench import verify_steps
 from radixrt.kernels import cpu_kernels
 from radixrt.sampling import sampler
 
-CSRC = "kernels/csrc"
-
-
-def _repo_root() -> Path:
-    return cpu_kernels.CSRC.parent.parent
+ROOT = cpu_kernels.CSRC.parent.parent  # the repository's root
+CSRC = cpu_kernels.CSRC.relative_to(ROOT).as_posix()
 
 
 def base_sources(rev: str) -> dict[str, bytes]:
     """``kernels/csrc``'s files at ``rev``: name -> contents."""
-    root = _repo_root()
     try:
-        names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{CSRC}"], cwd=root, check=True,
+        names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{CSRC}"], cwd=ROOT, check=True,
                                capture_output=True, text=True).stdout.split()
-        return {name: subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=root, check=True,
+        return {name: subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, check=True,
                                      capture_output=True).stdout for name in names}
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
@@ -100,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     original = cpu_kernels._module
     cpu_kernels._module = lambda: chosen["module"]
     try:
-        _, forward_ms = verify_steps(args.model, args.dtype, args.batch, args.context, max(rows))
+        forward_ms = verify_steps(args.model, args.dtype, args.batch, args.context, max(rows))
         print(f"{args.dtype}, batch {args.batch}, {args.context} tokens of context each; kernels of {args.base}"
               f"{' (the same sources as this tree)' if same else ''} against this tree's: a forward and its rows' "
               "greedy tokens, ms")

@@ -33,7 +33,7 @@ PAGE_SIZE = 16
 
 
 def verify_steps(model: str, dtype: str, batch: int, context: int, max_rows: int):
-    """A runner with ``batch`` requests of ``context`` random tokens prefilled, and ``forward_ms(k, greedy=None)``:
+    """``forward_ms(k, greedy=None)`` over a runner with ``batch`` requests of ``context`` random tokens prefilled:
     the time of a forward in which every request adds ``k`` tokens and wants the logits of each (with ``greedy``,
     also its rows' greedy tokens read from those logits), in ms."""
     pages_each = -(-(context + max_rows) // PAGE_SIZE)
@@ -53,7 +53,7 @@ def verify_steps(model: str, dtype: str, batch: int, context: int, max_rows: int
             greedy(logits).tolist()
         return (time.perf_counter() - start) * 1e3
 
-    return runner, forward_ms
+    return forward_ms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logits", action="store_true", help="forward and greedy tokens, now and the former way")
     args = parser.parse_args(argv)
     rows = [int(k) for k in args.rows.split(",")]
-    _, forward_ms = verify_steps(args.model, args.dtype, args.batch, args.context, max(rows))
+    forward_ms = verify_steps(args.model, args.dtype, args.batch, args.context, max(rows))
 
     if args.logits:
         return _compare_logits_paths(args, rows, forward_ms)
