@@ -153,16 +153,17 @@ def test_linear_bench_times_every_kernel_at_every_row_count(capsys):
     assert len(rows) == 2 and all(line.count("(") == 3 for line in rows)
 
 
-@pytest.mark.parametrize("rows", [1, 3])  # 3: a verify step's rows a request
+@pytest.mark.parametrize("rows,lens", [(1, (20, 40)), (3, (20, 40)),  # 3: a verify step's rows a request
+                                       (3, (32, 32))])  # contexts that fill their pages: the rows need one more
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_decode_attention_bench_times_each_path_cold_and_warm(capsys, dtype, rows):
+def test_decode_attention_bench_times_each_path_cold_and_warm(capsys, dtype, rows, lens):
     from radixrt.bench import decode_attention_bench
     from radixrt.kernels import cpu_kernels
 
-    assert decode_attention_bench.main(["--batch", "3", "--min-len", "20", "--max-len", "40", "--layers", "2",
-                                        "--rounds", "1", "--dtype", dtype, "--rows", str(rows)]) == 0
+    assert decode_attention_bench.main(["--batch", "3", "--min-len", str(lens[0]), "--max-len", str(lens[1]),
+                                        "--layers", "2", "--rounds", "1", "--dtype", dtype, "--rows", str(rows)]) == 0
     out = capsys.readouterr().out
-    assert f"{dtype}, batch 3, 20-40 keys" in out and f"{rows} row(s) a request, 2 layers" in out
+    assert f"{dtype}, batch 3, {lens[0]}-{lens[1]} keys" in out and f"{rows} row(s) a request, 2 layers" in out
     paths = ["bf16 dot", "portable"] if dtype == "bfloat16" and cpu_kernels.bf16_dot_built() else ["portable"]
     if dtype == "bfloat16" and cpu_kernels.decode_tiles_usable():
         paths = ["AMX tiles", *paths]

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(0)
     lens = torch.randint(args.min_len, args.max_len + 1, (args.batch,), generator=gen, dtype=torch.int32)
-    caches, table = _paged_caches(lens, args.layers, dtype, gen)
+    caches, table = _paged_caches(lens + args.rows - 1, args.layers, dtype, gen)  # room for a verify step's rows
     layer_bytes = int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * dtype.itemsize
     chunks = None
     if args.rows > 1:  # each request's rows: its pages, one more key a row, in one chunk
