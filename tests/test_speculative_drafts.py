@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from radixrt.memory.page_pool import KVLayout, PagePool
 from radixrt.memory.radix_cache import RadixCache
-from radixrt.scheduler.drafts import ContextIndex, History, TokenIndex, cache_continuation, candidates, ngram_match
-from radixrt.scheduler.speculation import DEFAULT_TOKEN_COST, MIN_TOKEN_COST, StepCost, best_length
+from radixrt.scheduler.drafts import (HISTORY_WEIGHT, ContextIndex, History, Match, TokenIndex, cache_continuation,
+                                      candidates, ngram_match, support)
+from radixrt.scheduler.speculation import (DEFAULT_TOKEN_COST, MIN_TOKEN_COST, SpecState, StepCost, best_length,
+                                           best_prefix, evidence_class)
 from radixrt.server_args import ServerArgs
 
 
@@ -86,6 +88,76 @@ def test_candidates_hold_every_occurrence_longest_agreement_first_the_drafted_on
     assert [m.length for m in found] == sorted((m.length for m in found), reverse=True)
     chosen = ngram_match(index, history, tokens, limit=2)
     assert (chosen.tokens, chosen.length) == (found[0].tokens, found[0].length)
+
+
+def test_each_occurrence_is_a_candidate_once_though_both_context_windows_find_it():
+    index = ContextIndex(min_window=1, max_window=12)  # windows of 3 tokens and of 1 over the same context
+    tokens = [1, 2, 3, 40, 7, 1, 2, 3, 41, 7, 1, 2, 3]
+    index.sync(tokens, len(tokens))
+    found = candidates(index, History(1000, 1, 12), tokens, limit=2)
+    assert sorted(m.tokens for m in found) == [[40, 7], [41, 7]]
+
+
+def test_support_weighs_each_draft_token_by_the_occurrences_that_go_on_alike():
+    # "1 2 3" was followed by a value and then "7 8" three times: the values differ, what follows them does not
+    tokens = [9, 1, 2, 3, 40, 7, 8, 1, 2, 3, 41, 7, 8, 1, 2, 3, 42, 7, 8, 1, 2, 3]
+    index = ContextIndex(min_window=1, max_window=12)
+    index.sync(tokens, len(tokens))
+    history = History(1000, 1, 12)
+    found = candidates(index, history, tokens, limit=4)
+    draft = ngram_match(index, history, tokens, limit=4).tokens
+    assert draft == [42, 7, 8, 1]  # the newest of the longest agreement (7 tokens: "7 8 1 2 3" and before)
+    weights = support(draft, found)
+    agreeing, total = weights[0]
+    assert agreeing < total  # the value: only its own occurrence proposes 42
+    assert all(a == t == agreeing for a, t in weights[1:])  # after it, the occurrences left all go on alike
+    # the same context in another request's text counts HISTORY_WEIGHT as much as in the request's own
+    history.add([5, 1, 2, 3, 43, 7, 8])
+    found = candidates(index, history, tokens, limit=4)
+    other = next(m for m in found if m.source == "history")
+    assert support([43], [other]) == [(HISTORY_WEIGHT * other.length, HISTORY_WEIGHT * other.length)]
+    assert support([99], found)[0][0] == 0.0
+
+
+def test_a_draft_stops_where_earlier_occurrences_part_ways():
+    state = SpecState(ContextIndex(1, 12))
+    match = Match(list(range(100, 108)), 10, "context")
+    cost = 0.12  # a draft token in a batch of 8 on a small CPU
+    class_only = state.draft_length(match, 8, cost)
+    assert class_only == best_length(state.class_rate(evidence_class(10)), 8, cost) == 2
+    alike = [(40.0, 40.0)] * 8  # every earlier occurrence went on as the draft does
+    assert state.draft_length(match, 8, cost, weights=alike) == 8
+    parted = [(4.0, 40.0)] + [(4.0, 4.0)] * 7  # they went on ten ways at the first token
+    assert state.draft_length(match, 8, cost, weights=parted) < class_only
+    later = [(40.0, 40.0)] * 3 + [(4.0, 40.0)] + [(4.0, 4.0)] * 4  # alike for three tokens, then apart
+    assert state.draft_length(match, 8, cost, weights=later) == 3
+    # a continuation of the exact context from the radix cache keeps its own floor
+    assert state.draft_length(match, 8, cost, trusted=True, weights=parted) == best_length(0.9, 8, cost)
+    assert best_prefix([], cost) == 0 and best_prefix([1.0] * 3, 0.0) == 3
+
+
+def test_the_speculator_drafts_far_only_where_the_context_repeats_alike():
+    from tests.test_speculative_verify import processor
+
+    from radixrt.protocol.messages import GenerateReq
+    from radixrt.sampling.params import SamplingParams
+    from radixrt.scheduler.request import Req
+
+    def drafted(prompt: list[int]) -> int:
+        out, memory, spec = processor()
+        req = Req.from_message(GenerateReq(rid="r", input_ids=prompt,
+                                           params=SamplingParams(max_new_tokens=64, temperature=0.0)), 0)
+        req.num_computed = req.total_len - 1
+        req.pages = memory.pool.alloc(-(-(req.total_len + 8) // memory.page_size))
+        spec.from_cache = False
+        return spec.draft([(req, 1)])[0][1] - 1
+
+    phrase = [1, 2, 3, 4, 5, 6, 7, 8]
+    alike = [t for _ in range(6) for t in phrase + [20, 21, 22, 23, 24, 25, 26, 27]] + phrase
+    apart = [t for i in range(6) for t in phrase + [30 + i, 21, 22, 23, 24, 25, 26, 27]] + phrase
+    class_only = best_length(0.5, 8, DEFAULT_TOKEN_COST)  # a fresh request's estimate, the cost before any fit
+    assert drafted(alike) == 8 > class_only
+    assert drafted(apart) < drafted(alike)
 
 
 def test_history_matches_across_requests_and_stays_bounded():

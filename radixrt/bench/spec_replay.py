@@ -15,7 +15,9 @@ Width ``w`` > 1 verifies a tree: the chain, plus up to ``w - 1`` other candidate
 earlier occurrence's continuation, the longest agreement first), each cut to the chain's length and kept where it
 is not already a path of the tree. Its tokens are the tree's nodes, each costing ``c``; it gives its deepest
 path that agrees with the output. Where the tree does not beat the chain at the cost a verify row has on the
-machine (``radixrt bench spec`` reports it), the Speculator's chain is what pays.
+machine (``radixrt bench spec`` reports it), the Speculator's chain is what pays. The last column drafts the chain
+with lengths from the evidence class's estimate alone, without weighing each token by the earlier occurrences
+that agree with it (``drafts.support``): what that weighing adds.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 
 from radixrt.bench.spec_ceiling import (MAX_DRAFT, MAX_WINDOW, MIN_WINDOW, Request, agreement, collect, parse_replay,
                                         replay_arguments)
-from radixrt.scheduler.drafts import ContextIndex, History, candidates, ngram_match
+from radixrt.scheduler.drafts import ContextIndex, History, candidates, ngram_match, support
 from radixrt.scheduler.speculation import SpecState, evidence_class
 
 
@@ -47,9 +49,10 @@ def nodes(branches: Sequence[Sequence[int]]) -> int:
     return len({tuple(branch[: i + 1]) for branch in branches for i in range(len(branch))})
 
 
-def replay(request: Request, earlier: list[Request], cost: float, width: int) -> dict:
+def replay(request: Request, earlier: list[Request], cost: float, width: int, weigh: bool = True) -> dict:
     """The request's output drafted step by step with ``width`` branches at ``cost`` a token: tokens per unit of
-    cost, steps, tokens drafted (tree nodes) and accepted."""
+    cost, steps, tokens drafted (tree nodes) and accepted. ``weigh=False``: draft lengths from the evidence
+    class's estimate alone, without the earlier occurrences' support token by token."""
     history = History(1 << 22, MIN_WINDOW, MAX_WINDOW)
     for r in earlier:
         history.add(r.prompt + r.output)
@@ -61,7 +64,9 @@ def replay(request: Request, earlier: list[Request], cost: float, width: int) ->
         state.index.sync(tokens, len(tokens))
         ngrams_pay = state.ngrams_pay(MAX_DRAFT, cost)
         match = ngram_match(state.index, history, tokens, MAX_DRAFT) if ngrams_pay else None
-        length = state.draft_length(match, MAX_DRAFT, cost) if match is not None else 0
+        found = candidates(state.index, history, tokens, MAX_DRAFT) if match is not None else []
+        weights = support(match.tokens[:MAX_DRAFT], found) if match is not None and weigh else None
+        length = state.draft_length(match, MAX_DRAFT, cost, weights=weights) if match is not None else 0
         steps += 1
         if length == 0:
             if not ngrams_pay:
@@ -69,7 +74,7 @@ def replay(request: Request, earlier: list[Request], cost: float, width: int) ->
             spent, j = spent + 1.0, j + 1
             continue
         chain = match.tokens[:length]
-        others = [m.tokens for m in candidates(state.index, history, tokens, MAX_DRAFT)] if width > 1 else []
+        others = [m.tokens for m in found] if width > 1 else []
         branches = tree_of(chain, others, width)
         agreed = max(agreement(branch, output, j) for branch in branches)
         state.observe(evidence_class(match.length), agreed, agreed < length)
@@ -88,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_replay(parser, argv)
     if min(args.widths) < 1:
         parser.error("widths must be >= 1")
-    head = "| workload | draft token cost | " + " | ".join(
-        "chain" if w == 1 else f"tree of {w}" for w in args.widths) + " |"
+    columns = [("chain" if w == 1 else f"tree of {w}", w, True) for w in args.widths]
+    columns.append(("chain, class estimate only", 1, False))
+    head = "| workload | draft token cost | " + " | ".join(label for label, _, _ in columns) + " |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for name in args.workloads:
@@ -97,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         runs = collect(name, seeds, args.max_new_tokens, args.dtype)
         for c in args.token_costs:
             cells = []
-            for width in args.widths:
+            for _, width, weigh in columns:
                 gains = []
                 for seed in range(args.seeds):
                     earlier = [r for s in seeds if s < seed for r in runs[s]] if args.history == "warm" else []
                     for i, request in enumerate(runs[seed]):
-                        gains.append(replay(request, earlier + runs[seed][:i], c, width)["speedup"])
+                        gains.append(replay(request, earlier + runs[seed][:i], c, width, weigh)["speedup"])
                 cells.append(f"{sum(gains) / len(gains):.2f}")
             print(f"| {name} | {c:g} | " + " | ".join(cells) + " |")
     return 0

@@ -10,6 +10,10 @@ Three sources, each asked for what followed the longest earlier occurrence of a 
 - the history (``History``): the same matching over a bounded window of recent requests' prompts and outputs
   (the same JSON shape written for another document, the same reply to the same kind of message).
 
+How far a draft is likely to hold comes from all the earlier occurrences at once (``support``): the tokens
+where they part ways are where a draft is likely to go wrong, as SuffixDecoding's counts of each continuation
+tell it.
+
 ``TokenIndex`` keys every ``gram``-token window of a growing sequence by its tokens and chains each window to
 the previous one with the same tokens, as LZ77's hash chains do: adding a token costs one tuple and one dict
 update; a lookup walks at most ``chain_limit`` earlier windows, newest first, and measures how far back each
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from radixrt.memory.radix_node import TreeNode
 
 CHAIN_LIMIT = 16  # earlier windows a lookup compares, newest first
+HISTORY_WEIGHT = 0.5  # an occurrence in another request's text, against one in the request's own (``support``)
 SEPARATOR = -1  # between the sequences of the history (no window with it is ever looked up)
 
 
@@ -207,18 +212,46 @@ def ngram_match(index: ContextIndex, history: History, tokens: Sequence[int], li
 
 def candidates(index: ContextIndex, history: History, tokens: Sequence[int], limit: int) -> list[Match]:
     """Every continuation the request's own context (``index`` synced to ``tokens``) and the history propose: each
-    earlier occurrence of the latest tokens that the indexes' chains hold, the longest agreement first (the
-    request's own, then the newest, on ties). What a tree of candidates would draft from."""
+    earlier occurrence of the latest tokens that the indexes' chains hold, once (the context's windows of two
+    lengths find the same occurrences), the longest agreement first (the request's own, then the newest, on ties).
+    What ``support`` weighs a draft by, and what a tree of candidates would draft from."""
     recent = tokens[-history.max_window:]
-    searches = [("context", ix, ix.tokens, len(ix.tokens)) for ix in index.indexes]
-    searches += [("history", segment, recent, -1) for segment in reversed(history.segments)]
+    searches = [("context", 0, ix, ix.tokens, len(ix.tokens)) for ix in index.indexes]
+    searches += [("history", n + 1, segment, recent, -1) for n, segment in enumerate(reversed(history.segments))]
     found: list[Match] = []
-    for source, ix, query, skip_end in searches:
+    seen: set[tuple[int, int]] = set()
+    for source, sequence, ix, query, skip_end in searches:
         for end, agreed in ix.occurrences(query, skip_end):
+            if (sequence, end) in seen:
+                continue
+            seen.add((sequence, end))
             continuation = ix.continuation(end, limit)
             if continuation:
                 found.append(Match(continuation, agreed, source))
     return sorted(found, key=lambda match: -match.length)  # stable: the order found on ties
+
+
+def support(draft: Sequence[int], found: Sequence[Match]) -> list[tuple[float, float]]:
+    """For each position ``k`` of ``draft``: the weight of the occurrences (``candidates``) whose continuation
+    agrees with the draft through ``k``, and the weight of those that agree before ``k`` and go on to a token at
+    ``k``. Where earlier occurrences part ways (a field's value after a shared key, a number after a shared
+    phrase), the draft's token there is a guess; where they all go on alike (the next key, the rest of a quoted
+    sentence), it is likely. An occurrence weighs the tokens of context it agrees on, an occurrence in another
+    request's text ``HISTORY_WEIGHT`` as much: the longer and the closer the evidence, the more it counts."""
+    alive = [(m.tokens, m.length * (HISTORY_WEIGHT if m.source == "history" else 1.0)) for m in found]
+    out: list[tuple[float, float]] = []
+    for k, token in enumerate(draft):
+        agreeing = total = 0.0
+        following = []
+        for continuation, weight in alive:
+            if k < len(continuation):
+                total += weight
+                if continuation[k] == token:
+                    agreeing += weight
+                    following.append((continuation, weight))
+        out.append((agreeing, total))
+        alive = following
+    return out
 
 
 def cache_continuation(node: TreeNode, tail: Sequence[int], page_size: int, limit: int) -> list[int]:

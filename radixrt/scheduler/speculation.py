@@ -28,7 +28,12 @@ with a prior), one per class of evidence (how many tokens of the context the mat
 length that maximises expected tokens per unit of cost. As in SuffixDecoding, a long match is better evidence
 than a short one: a one-token match on ``"`` proposes whatever followed some quote, a ten-token match proposes
 what followed this very phrase; so a request drafts long after long matches and stops drafting after short
-ones once they have failed, instead of one rate mixing the two. The cost of a draft token
+ones once they have failed, instead of one rate mixing the two. An n-gram draft is also weighed token by
+token against every earlier occurrence of the latest tokens (``drafts.support``): the class's estimate is
+the prior, and where those occurrences went on alike the chance of a draft token rises, where they parted
+ways (a value after a shared key) it falls, so a draft stops where the text it copies is likely to differ.
+Replayed offline at a batch-8 token cost (``spec_replay``), this gave 2-4% more tokens per unit of cost on the
+extraction, agent, refinement and random workloads than the class's estimate alone. The cost of a draft token
 comes from the steps themselves (``StepCost``: a decode or verify step's time fitted as ``a + b * tokens``):
 one more token costs ``b`` against a request's share ``(a + b * batch) / batch`` of a decode step, which is
 little at batch 1 (a step reads every weight once whatever it computes) and more in a large batch on a small
@@ -41,11 +46,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from radixrt.scheduler.drafts import ContextIndex, History, Match, cache_continuation, ngram_match
+from radixrt.scheduler.drafts import ContextIndex, History, Match, cache_continuation, candidates, ngram_match, support
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.request import Req
 
@@ -72,6 +78,7 @@ RELAX = 0.95  # per step without a draft: the estimate's counts shrink towards t
 CACHE_RATE = 0.9  # acceptance assumed, at least, for a greedy request's continuation of its exact context
 EVIDENCE_CLASSES = (3, 5, 8)  # matches agreeing on < 3, 3-4, 5-7 and >= 8 tokens keep estimates of their own
 CLASS_PRIOR = 2.0  # weight of the overall estimate in a class's (pseudo-counts)
+SUPPORT_PRIOR = 8.0  # weight of the class's estimate against the earlier occurrences' (``drafts.support``) at a token
 
 
 def evidence_class(agreed: int) -> int:
@@ -118,11 +125,20 @@ class SpecState:
         """Whether even the best class's longest n-gram draft would pay (else only the radix cache is asked)."""
         return best_length(self.best_rate, limit, token_cost) > 0
 
-    def draft_length(self, match: Match, limit: int, token_cost: float, trusted: bool = False) -> int:
+    def draft_length(self, match: Match, limit: int, token_cost: float, trusted: bool = False,
+                     weights: list[tuple[float, float]] | None = None) -> int:
         """How many of ``match``'s tokens (at most ``limit``) to draft, by the estimate of its evidence class;
-        ``trusted``: a greedy request's continuation of its exact context, accepted at least ``CACHE_RATE``."""
+        ``trusted``: a greedy request's continuation of its exact context, accepted at least ``CACHE_RATE``;
+        ``weights``: the earlier occurrences' ``drafts.support`` for the match's tokens, which moves the class's
+        estimate token by token towards how often those occurrences went on as the draft does there."""
         rate = self.class_rate(evidence_class(match.length))
-        return best_length(max(rate, CACHE_RATE) if trusted else rate, min(len(match.tokens), limit), token_cost)
+        cap = min(len(match.tokens), limit)
+        if trusted:
+            return best_length(max(rate, CACHE_RATE), cap, token_cost)
+        if weights is None:
+            return best_length(rate, cap, token_cost)
+        chances = [(agreeing + SUPPORT_PRIOR * rate) / (total + SUPPORT_PRIOR) for agreeing, total in weights[:cap]]
+        return best_prefix(chances, token_cost)
 
     def relax(self) -> None:
         """Shrink every count towards the prior (a step in which no draft would pay)."""
@@ -150,11 +166,18 @@ class DraftRow:
 def best_length(rate: float, cap: int, token_cost: float) -> int:
     """The draft length (0..cap) with the most expected tokens per unit of cost, for tokens each accepted with
     probability ``rate`` until the first rejection, each draft token costing ``token_cost`` of a decode."""
+    return best_prefix([rate] * cap, token_cost)
+
+
+def best_prefix(chances: Sequence[float], token_cost: float) -> int:
+    """The draft length (0..len(chances)) with the most expected tokens per unit of cost, where draft token ``k``
+    is accepted with probability ``chances[k]`` once the tokens before it are, each costing ``token_cost`` of a
+    decode; 0 unless some length promises ``MIN_GAIN`` times plain decoding."""
     best, best_value = 0, MIN_GAIN
-    expected, term = 1.0, 1.0
-    for k in range(1, cap + 1):
-        term *= rate
-        expected += term  # 1 + rate + ... + rate**k
+    expected, reach = 1.0, 1.0
+    for k, chance in enumerate(chances, 1):
+        reach *= chance  # the first k tokens all accepted
+        expected += reach
         value = expected / (1.0 + token_cost * k)
         if value > best_value:
             best, best_value = k, value
@@ -264,7 +287,10 @@ class Speculator:
         length = 0
         if match is not None:
             trusted = match.source == "cache" and req.params.greedy  # the same context: the same tokens
-            length = state.draft_length(match, limit, token_cost, trusted)
+            weights = None
+            if match.source != "cache":
+                weights = support(match.tokens[:limit], candidates(state.index, self.history, tokens, limit))
+            length = state.draft_length(match, limit, token_cost, trusted, weights)
         if length == 0:
             if not ngrams_pay:  # the estimates relax towards the prior: drafts are tried again later
                 state.relax()
