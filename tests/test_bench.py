@@ -336,9 +336,11 @@ def test_spec_bench_runs_both_ways_with_the_same_tokens(tmp_path, capsys):
 
 
 @pytest.mark.model
-def test_spec_bench_warm_history_keeps_one_speculator_across_the_warm_up_and_the_repeats(capsys):
+def test_spec_bench_warm_history_keeps_one_speculator_an_arm_across_the_warm_up_and_the_repeats(capsys):
     """--history warm: the runs of a workload and batch size with speculation share one Speculator, whose history
-    already holds the full-length warm-up (other documents) when the first measured run starts."""
+    already holds the full-length warm-up (other documents) when the first measured run starts.
+    --compare-unweighted: a third arm drafts with lengths from the class estimates alone, from a Speculator (and
+    history) of its own, so it never drafts from the other arm's outputs for the same documents."""
     import argparse
     from unittest import mock
 
@@ -347,22 +349,30 @@ def test_spec_bench_warm_history_keeps_one_speculator_across_the_warm_up_and_the
     parser = argparse.ArgumentParser()
     spec_bench.add_arguments(parser)
     args = parser.parse_args(["--workloads", "extraction", "--batch-sizes", "1", "--max-new-tokens", "12",
-                              "--repeats", "2", "--dtype", "float32", "--history", "warm"])
+                              "--repeats", "2", "--dtype", "float32", "--history", "warm", "--compare-unweighted"])
     calls = []
     real = spec_bench.measure
 
-    def spy(engine, name, batch, max_new_tokens, on, seed, speculator=None):
+    def spy(engine, name, batch, max_new_tokens, on, seed, speculator=None, unweighted=False):
         history = speculator.history.num_tokens if speculator is not None else None
-        calls.append((max_new_tokens, on, seed, speculator, history))
-        return real(engine, name, batch, max_new_tokens, on, seed, speculator)
+        out = real(engine, name, batch, max_new_tokens, on, seed, speculator, unweighted)
+        calls.append((max_new_tokens, on, seed, speculator, history, unweighted,
+                      speculator.weigh_by_support if speculator is not None else None))
+        return out
 
     with mock.patch.object(spec_bench, "measure", spy):
         assert spec_bench.run(args) == 0
-    on = [c for c in calls if c[1]]
-    assert [(c[0], c[2]) for c in on] == [(12, -1), (12, 0), (12, 1)]  # the warm-up at full length
-    assert len({id(c[3]) for c in on}) == 1 and on[0][3] is not None
-    assert on[0][4] == 0 and 0 < on[1][4] < on[2][4]  # each run drafts from what the earlier ones wrote
-    assert "| extraction | 1 |" in capsys.readouterr().out
+    for unweighted in (False, True):
+        on = [c for c in calls if c[1] and c[5] == unweighted]
+        assert [(c[0], c[2]) for c in on] == [(12, -1), (12, 0), (12, 1)]  # the warm-up at full length
+        assert len({id(c[3]) for c in on}) == 1 and on[0][3] is not None
+        assert on[0][4] == 0 and 0 < on[1][4] < on[2][4]  # each run drafts from what the earlier ones wrote
+        assert all(c[6] is (not unweighted) for c in on)
+    assert len({id(c[3]) for c in calls if c[1]}) == 2  # an arm's own speculator
+    out = capsys.readouterr().out
+    assert "| decode x, class estimate only | its accept length |" in out
+    line = next(line for line in out.splitlines() if line.startswith("| extraction | 1 |"))
+    assert float(line.strip(" |").split(" | ")[-1]) >= 1.0  # the third arm's acceptance length
 
 
 @pytest.mark.model

@@ -2,7 +2,7 @@
 
     radixrt bench spec [--workloads extraction,extraction-series,agent,refine,random] [--batch-sizes 1,8]
                        [--max-new-tokens 128] [--repeats 3] [--history cold|warm] [--dtype auto]
-                       [--vllm-python PATH] [--json FILE]
+                       [--vllm-python PATH] [--json FILE] [--compare-unweighted]
 
 One Engine started with ``--speculative-algorithm NGRAM``; each run switches speculation on or off after
 flushing the radix cache. ``--history cold`` (the default): each run with speculation gets a fresh Speculator,
@@ -17,6 +17,9 @@ mean acceptance length, what a draft token cost against a request's share of a d
 fit of its decode and verify steps' times, ``StepCost``: the ``c`` that ``spec_ceiling --token-costs`` takes),
 and how many outputs were the same tokens with speculation on (in bf16 a verify step
 rounds differently from a decode step, so a near-tie may go the other way; in fp32 they all are).
+``--compare-unweighted`` adds a third run to each repeat: speculation with n-gram draft lengths from the evidence
+classes' estimates alone (``Speculator.weigh_by_support`` off), its decode speed-up and acceptance length beside
+the others (with ``--history warm``, from a history of its own runs).
 ``--vllm-python`` then runs the workloads through vLLM without speculation, with its n-gram speculation (prompt
 lookup) and, where that python has ``arctic_inference``, with its suffix decoding, alternating, on the same CPU,
 in a process of its own (vLLM's suffix trees keep every earlier output of the engine, warm-up and earlier
@@ -67,10 +70,14 @@ def engine_calls(engine):
     return generate, chat
 
 
-def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: int, speculator=None) -> dict:
-    """One run; with speculation, through ``speculator`` where given (its history kept), else a fresh one."""
+def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: int, speculator=None,
+            unweighted: bool = False) -> dict:
+    """One run; with speculation, through ``speculator`` where given (its history kept), else a fresh one;
+    ``unweighted``: its n-gram drafts' lengths from the evidence classes' estimates alone."""
     if on and speculator is None:
         speculator = new_speculator(engine)
+    if on:
+        speculator.weigh_by_support = not unweighted
     _set_speculation(engine, speculator if on else None)
     engine.flush_cache()
     before = engine.get_stats()
@@ -83,7 +90,7 @@ def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: 
     tokens = sum(len(o) for o in outputs)
     # what a draft token cost this run, against a request's share of a decode step (StepCost, fitted on its steps)
     token_cost = speculator.cost.token_cost(batch) if on else None
-    return dict(workload=name, batch=batch, speculative=on, seed=seed, seconds=seconds, tokens=tokens,
+    return dict(workload=name, batch=batch, speculative=on, unweighted=on and unweighted, seed=seed, seconds=seconds, tokens=tokens,
                 outputs=outputs, tok_s=tokens / seconds, token_cost=token_cost,
                 decode_tok_s=delta["decode_tokens"] / delta["decode_seconds"] if delta["decode_seconds"] else 0.0,
                 **{k: delta[k] for k in ("spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")})
@@ -93,8 +100,10 @@ def summarize(rows: list[dict]) -> list[dict]:
     table = []
     keys = sorted({(r["workload"], r["batch"]) for r in rows}, key=lambda k: (WORKLOADS.index(k[0]), k[1]))
     for name, batch in keys:
-        off = [r for r in rows if (r["workload"], r["batch"], r["speculative"]) == (name, batch, False)]
-        on = [r for r in rows if (r["workload"], r["batch"], r["speculative"]) == (name, batch, True)]
+        mine = [r for r in rows if (r["workload"], r["batch"]) == (name, batch)]
+        off = [r for r in mine if not r["speculative"]]
+        on = [r for r in mine if r["speculative"] and not r["unweighted"]]
+        unweighted = [r for r in mine if r["unweighted"]]
         pairs = list(zip(off, on))
         steps = sum(r["spec_verify_steps"] for r in on)
         accepted = sum(r["spec_accepted_tokens"] for r in on)
@@ -111,6 +120,13 @@ def summarize(rows: list[dict]) -> list[dict]:
             accept_rate=accepted / drafted if drafted else 0.0,
             token_cost=statistics.median(r["token_cost"] for r in on),
             same_outputs=f"{same}/{sum(len(x['outputs']) for x, _ in pairs)}"))
+        if unweighted:
+            u_steps = sum(r["spec_verify_steps"] for r in unweighted)
+            table[-1].update(
+                unweighted_decode_speedup=statistics.median(
+                    y["decode_tok_s"] / x["decode_tok_s"] for x, y in zip(off, unweighted)),
+                unweighted_accept_length=(sum(r["spec_accepted_tokens"] for r in unweighted) + u_steps) / u_steps
+                if u_steps else 0.0)
     return table
 
 
@@ -143,6 +159,9 @@ def print_table(table: list[dict], vllm: list[dict] | None) -> None:
     head = ("| workload | batch | off tok/s | on tok/s | x | decode off | decode on | decode x | accept length "
             "| accepted | draft token cost | same tokens |")
     methods = [m for m in ("ngram", "suffix") if vllm and f"{m}_tok_s" in vllm[0]]
+    unweighted = "unweighted_decode_speedup" in table[0]
+    if unweighted:
+        head += " decode x, class estimate only | its accept length |"
     if vllm:
         head += " vLLM off |" + "".join(f" vLLM {m} | vLLM {m} x |" for m in methods)
     print(head)
@@ -152,6 +171,8 @@ def print_table(table: list[dict], vllm: list[dict] | None) -> None:
                 f"{row['speedup']:.2f} | {row['off_decode_tok_s']:.1f} | {row['on_decode_tok_s']:.1f} | "
                 f"{row['decode_speedup']:.2f} | {row['accept_length']:.2f} | {row['accept_rate']:.0%} | "
                 f"{row['token_cost']:.2f} | {row['same_outputs']} |")
+        if unweighted:
+            line += f" {row['unweighted_decode_speedup']:.2f} | {row['unweighted_accept_length']:.2f} |"
         if vllm:
             peer = next(v for v in vllm if (v["workload"], v["batch"]) == (row["workload"], row["batch"]))
             line += f" {peer['off_tok_s']:.1f} |" + "".join(
@@ -172,6 +193,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="default: the bundled default model")
     p.add_argument("--vllm-python", default=None, help="also run vLLM's n-gram speculation with this python")
     p.add_argument("--json", default=None, help="write the table (and vLLM's) to this file")
+    p.add_argument("--compare-unweighted", action="store_true",
+                   help="also run speculation with draft lengths from the evidence classes' estimates alone, "
+                        "without weighing each token by the earlier occurrences that agree with it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,13 +214,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         for name in args.workloads:
             for batch in args.batch_sizes:
-                warm = new_speculator(engine) if args.history == "warm" else None
-                warm_up_tokens = args.max_new_tokens if warm else 4
-                for on in (False, True):  # warm-up: kernels and allocator at these shapes (and the history)
-                    measure(engine, name, batch, warm_up_tokens, on, seed=-1, speculator=warm)
+                # (speculation on, unweighted) arms; each keeps a warm history of its own runs only: a second arm
+                # drafting from the first's outputs for the same documents would copy them
+                arms = [(False, False), (True, False)] + ([(True, True)] if args.compare_unweighted else [])
+                warm = {arm: new_speculator(engine) if args.history == "warm" and arm[0] else None for arm in arms}
+                warm_up_tokens = args.max_new_tokens if args.history == "warm" else 4
+                for arm in arms:  # warm-up: kernels and allocator at these shapes (and the history)
+                    measure(engine, name, batch, warm_up_tokens, arm[0], -1, warm[arm], unweighted=arm[1])
                 for repeat in range(args.repeats):
-                    for on in (False, True):
-                        rows.append(measure(engine, name, batch, args.max_new_tokens, on, repeat, warm))
+                    for arm in arms:
+                        rows.append(measure(engine, name, batch, args.max_new_tokens, arm[0], repeat, warm[arm],
+                                            unweighted=arm[1]))
     finally:
         engine.shutdown()
     table = summarize(rows)

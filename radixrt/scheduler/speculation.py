@@ -254,6 +254,9 @@ class Speculator:
         self.accepted = 0
         self.verify_steps = 0
         self.sources: dict[str, int] = {"cache": 0, "context": 0, "history": 0}  # drafts by source
+        # False: n-gram drafts' lengths from the evidence classes' estimates alone (what ``radixrt bench spec
+        # --compare-unweighted`` measures the weighing against)
+        self.weigh_by_support = True
         self.cost = StepCost()
 
     # ----- drafting ------------------------------------------------------------------------------------
@@ -288,7 +291,7 @@ class Speculator:
         if match is not None:
             trusted = match.source == "cache" and req.params.greedy  # the same context: the same tokens
             weights = None
-            if match.source != "cache":
+            if match.source != "cache" and self.weigh_by_support:
                 weights = support(match.tokens[:limit], candidates(state.index, self.history, tokens, limit))
             length = state.draft_length(match, limit, token_cost, trusted, weights)
         if length == 0:
