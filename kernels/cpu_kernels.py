@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "paged_extend.cpp", "fused_ops.cpp",
                                     "linear_panels.cpp", "linear_bf16.cpp", "linear_amx.cpp",
-                                    "greedy_tokens.cpp")]
+                                    "greedy_tokens.cpp", "sample_tokens.cpp")]
 HEADERS = [CSRC / "dtype_vec.h", CSRC / "bf16_pairs.h", CSRC / "panel_product.h", CSRC / "amx_tiles.h",
            CSRC / "attend_amx.h"]
 VECTORS_ENV = "RADIXRT_CPU_VECTORS"
@@ -373,6 +373,14 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """The index of each row's largest logit (int64), as ``logits.max(dim=-1).indices``: the first of equal maxima,
     the first NaN where a row has one; ``logits`` fp32 ``[rows, vocab]`` with contiguous rows."""
     return _call("radixrt::greedy_tokens", _module().greedy_tokens, logits)
+
+
+def sample_tokens(logits: torch.Tensor, temperatures: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Each row's token (int64) drawn by inverse CDF from ``softmax(logits / T)`` at its uniform: the first token
+    where the cumulative weight passes ``u`` times the total (``csrc/sample_tokens.cpp``); ``logits`` fp32 ``[rows,
+    vocab]`` with contiguous rows, ``temperatures`` fp32 ``[rows]`` (> 0), ``uniforms`` fp64 ``[rows]`` in [0, 1).
+    A row with a NaN or infinite logit gets ``vocab - 1``, as softmax then ``searchsorted`` gives it."""
+    return _call("radixrt::sample_tokens", _module().sample_tokens, logits, temperatures, uniforms)
 
 
 def _call(name: str, kernel, *args):

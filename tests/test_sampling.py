@@ -202,3 +202,97 @@ def test_greedy_tokens_are_argmax_on_ties_and_non_finite_rows(kernel, monkeypatc
         few = (torch.randn(5, width, generator=gen) * 2).round()
         few[4, -1] = 50.0
         assert torch.equal(greedy_tokens(few), few.argmax(dim=-1)), width
+
+
+def _kernels():
+    from radixrt.kernels import cpu_kernels
+
+    if cpu_kernels.load() is None:
+        pytest.fail(f"the CPU kernels did not build: {cpu_kernels.unavailable_reason()}")
+    return cpu_kernels
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 37, 1000, 49152])  # narrower than a vector, a tail, a real vocabulary
+def test_the_sampling_kernel_finds_where_each_draw_falls_in_the_cumulative_weights(vocab):
+    """Row by row against an fp64 reference of the same rule: the token's interval of the cumulative weights holds
+    the draw (up to fp32 rounding of the weights), its weight is positive, masked tokens are never drawn."""
+    cpu_kernels = _kernels()
+    gen = torch.Generator().manual_seed(vocab)
+    rows = 64
+    logits = torch.randn(rows, vocab + 3, generator=gen) * 4
+    logits[:, torch.randint(0, vocab + 3, (vocab // 3,), generator=gen)] = float("-inf")  # a grammar's mask
+    logits[:, 0] = 0.0  # every row keeps a token
+    logits = logits[:, 3:] if vocab > 1 else logits[:, :1]  # rows a stride apart
+    temperatures = torch.rand(rows, generator=gen) * 1.5 + 0.1
+    uniforms = torch.rand(rows, dtype=torch.float64, generator=gen)
+    uniforms[:2] = torch.tensor([0.0, 1.0 - 2**-53], dtype=torch.float64)  # the ends of [0, 1)
+    tokens = cpu_kernels.sample_tokens(logits, temperatures, uniforms).tolist()
+    for r, t in enumerate(tokens):
+        x = logits[r].double()
+        w = torch.exp((x - x.max()) / temperatures[r].double())
+        cdf = w.cumsum(0)
+        total = cdf[-1].item()
+        point = uniforms[r].item() * total
+        below = cdf[t - 1].item() if t else 0.0
+        assert w[t] > 0, (r, t)
+        assert below - 1e-6 * total <= point <= cdf[t].item() + 1e-6 * total, (r, t)
+
+
+def test_the_sampling_kernel_draws_the_softmax_distribution_and_names_bad_arguments():
+    cpu_kernels = _kernels()
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0, 1.5]]).repeat(20000, 1)
+    tokens = cpu_kernels.sample_tokens(logits, torch.full((20000,), 0.7),
+                                       torch.rand(20000, dtype=torch.float64, generator=gen))
+    p = torch.softmax(logits[0] / 0.7, dim=-1).tolist()
+    assert chi2(torch.bincount(tokens, minlength=8).tolist(), p) < CHI2_CRITICAL[7]
+    one = torch.zeros(1, 8)
+    with pytest.raises(RuntimeError, match="temperatures must be > 0"):
+        cpu_kernels.sample_tokens(one, torch.zeros(1), torch.zeros(1, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="uniforms must be"):
+        cpu_kernels.sample_tokens(one, torch.ones(1), torch.zeros(1))
+    with pytest.raises(RuntimeError, match="logits must be fp32"):
+        cpu_kernels.sample_tokens(one.double(), torch.ones(1), torch.zeros(1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["cpu-kernel", "torch"])
+def test_a_row_with_a_nan_or_infinite_logit_gets_the_last_token_either_way(kernel, monkeypatch):
+    cpu_kernels = _kernels()
+    if not kernel:
+        monkeypatch.setattr(cpu_kernels, "load", lambda: None)
+    logits = torch.randn(5, 40)
+    logits[0, 3] = float("nan")
+    logits[1] = float("-inf")  # a row a grammar mask emptied
+    logits[2, 35] = float("inf")
+    logits[3, 39] = float("nan")  # in the tail past the last whole vector
+    batch = SamplingBatch.build([SamplingParams(temperature=1.0)] * 5, 40)
+    tokens = sample(logits, batch).tolist()
+    assert tokens[:4] == [39] * 4 and 0 <= tokens[4] < 40
+
+
+def test_the_kernel_samples_the_rows_that_ask_for_temperature_alone(monkeypatch):
+    """Beside a top-p row and a greedy one, a temperature-only row still goes through the kernel, so its token is
+    the one it gets in any batch (the kernel's and the torch ops' rounding differ)."""
+    cpu_kernels = _kernels()
+    real, seen = cpu_kernels.sample_tokens, []
+
+    def spy(logits, temperatures, uniforms):
+        seen.append(logits.shape[0])
+        return real(logits, temperatures, uniforms)
+
+    monkeypatch.setattr(cpu_kernels, "sample_tokens", spy)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 49152, generator=gen) * 5
+    params = [SamplingParams(temperature=1.2), SamplingParams(top_p=0.5), SamplingParams(temperature=0.0)]
+    for draw in torch.rand(20, dtype=torch.float64, generator=gen).tolist() + [1.0 - 1e-9]:
+        uniforms = torch.full((3, 1), draw, dtype=torch.float64)
+        monkeypatch.setattr(torch, "rand", lambda rows, *a, **kw: uniforms[:rows].clone())
+        mixed = sample(logits, SamplingBatch.build(params, 49152)).tolist()
+        alone = sample(logits[:1], SamplingBatch.build(params[:1], 49152)).tolist()
+        direct = real(logits[:1], torch.tensor([1.2]), uniforms[:1, 0]).tolist()
+        assert mixed[0] == alone[0] == direct[0], draw
+        assert mixed[2] == int(logits[2].argmax())
+        top = torch.softmax(logits[1], -1).sort(descending=True)
+        kept = top.indices[: int((top.values.cumsum(0) - top.values < 0.5).sum())].tolist()
+        assert mixed[1] in kept  # top-p's row from the torch ops, inside its nucleus
+    assert set(seen) == {3, 1}

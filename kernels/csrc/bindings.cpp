@@ -28,6 +28,7 @@ at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10
                       bool fp32_out);
 bool linear_amx_usable();
 at::Tensor greedy_tokens(at::Tensor logits);
+at::Tensor sample_tokens(at::Tensor logits, at::Tensor temperatures, at::Tensor uniforms);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention reading K/V pages in place, a shared prefix once per chunk (CPU)");
@@ -47,5 +48,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_amx_usable", &linear_amx_usable, "whether this build has the AMX path and the tiles are granted");
   m.def("rotary_embedding", &rotary_embedding, "neox-style rotary embedding of q and k, in place");
   m.def("greedy_tokens", &greedy_tokens, "each row's first largest logit (the first NaN where it has one), as torch's max");
+  m.def("sample_tokens", &sample_tokens, "each row's token by inverse CDF of softmax(logits / T) at its uniform, in one kernel");
   m.def("rope_and_store", &rope_and_store, "rotary embedding of q (in place) and k, k and v stored into cache slots");
 }

@@ -29,6 +29,7 @@ class SamplingBatch:
     top_ps: torch.Tensor | None  # [B]
     min_ps: torch.Tensor | None  # [B]
     greedy: torch.Tensor | None  # [B] bool
+    filtered: torch.Tensor | None  # [B] bool: the row asks for top-k, top-p or min-p
     generators: list[torch.Generator | None]
     all_greedy: bool
     need_top_k: bool
@@ -49,13 +50,15 @@ class SamplingBatch:
                      need_top_k=any(k < vocab_size for k in top_ks), need_top_p=any(p.top_p < 1.0 for p in params),
                      need_min_p=any(p.min_p > 0.0 for p in params))
         if flags["all_greedy"]:  # argmax needs no parameter: nothing to copy to the device
-            return cls(temperatures=None, top_ks=None, top_ps=None, min_ps=None, greedy=None, **flags)
+            return cls(temperatures=None, top_ks=None, top_ps=None, min_ps=None, greedy=None, filtered=None, **flags)
         tensors = stage({
             "temperatures": np.array([[1.0 if g else p.temperature] for p, g in zip(params, greedy)], np.float32),
             "top_ks": np.array(top_ks, np.int64),
             "top_ps": np.array([p.top_p for p in params], np.float32),
             "min_ps": np.array([p.min_p for p in params], np.float32),
             "greedy": np.array(greedy, np.bool_),
+            "filtered": np.array([k < vocab_size or p.top_p < 1.0 or p.min_p > 0.0 for k, p in zip(top_ks, params)],
+                                 np.bool_),
         }, device)
         return cls(**tensors, **flags)
 
@@ -68,7 +71,7 @@ class SamplingBatch:
         device = torch.device(device)
         if self.greedy is None or _same_device(self.device, device):
             return self
-        tensors = ("temperatures", "top_ks", "top_ps", "min_ps", "greedy")
+        tensors = ("temperatures", "top_ks", "top_ps", "min_ps", "greedy", "filtered")
         return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name in tensors})
 
 
@@ -82,14 +85,15 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, generator_states: dict[in
     (30 ms a step at batch 32). A seeded row draws its uniform from its generator, rows in order (one generator
     may serve several consecutive rows: a speculative verify step's). ``generator_states``, when given, receives
     each seeded row's generator state after its draw, so a caller that uses fewer rows can rewind the generator to
-    where one token per used row leaves it."""
+    where one token per used row leaves it. On a CPU with the C++ kernels, the rows that ask for temperature alone
+    are sampled by one kernel (``cpu_kernels.sample_tokens``: the same rule over the softmax's numerators, three
+    passes a row and no full-size intermediate; 0.19 ms for 8 rows of 49,152 logits on two cores, where the torch
+    ops took 0.85); the rows that ask for top-k, top-p or min-p by the torch ops. A row's way depends on its own
+    parameters alone, so its token never depends on what the other rows of its batch ask for."""
     if batch.all_greedy:
         return greedy_tokens(logits)
     batch = batch.to(logits.device)
-    probs = torch.softmax(logits.float() / batch.temperatures, dim=-1)
-    if batch.need_top_k or batch.need_top_p or batch.need_min_p:
-        probs = _filter(probs, batch)
-    uniforms = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
+    uniforms = torch.rand(logits.shape[0], 1, dtype=torch.float64, device=logits.device)
     for row, generator in enumerate(batch.generators):
         if generator is None:
             continue
@@ -99,12 +103,40 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, generator_states: dict[in
             uniforms[row].copy_(torch.rand(1, dtype=torch.float64, device=generator.device, generator=generator))
         if generator_states is not None:
             generator_states[row] = generator.get_state()
+    if _kernel_samples(logits):
+        sampled = cpu_kernels.sample_tokens(logits.float(), batch.temperatures.view(-1), uniforms.view(-1))
+        if batch.need_top_k or batch.need_top_p or batch.need_min_p:  # torch samples the rows that sort first
+            rows = batch.filtered.nonzero().view(-1)
+            sampled[rows] = _inverse_cdf(logits[rows], _rows_of(batch, rows), uniforms[rows])
+        return torch.where(batch.greedy, greedy_tokens(logits), sampled) if bool(batch.greedy.any()) else sampled
+    return torch.where(batch.greedy, greedy_tokens(logits), _inverse_cdf(logits, batch, uniforms))
+
+
+def _inverse_cdf(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Tensor) -> torch.Tensor:
+    """Each row's token where its uniform falls in the cumulative sum (fp64) of its (filtered) probabilities."""
+    probs = torch.softmax(logits.float() / batch.temperatures, dim=-1)
+    if batch.need_top_k or batch.need_top_p or batch.need_min_p:
+        probs = _filter(probs, batch)
     cdf = probs.double().cumsum_(dim=-1)
     total = cdf[:, -1:]
     # below the total even where u * total rounds up to it, so the token found always has probability > 0
     point = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
-    sampled = torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)  # NaN rows
-    return torch.where(batch.greedy, greedy_tokens(logits), sampled)
+    return torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)  # NaN rows
+
+
+def _kernel_samples(logits: torch.Tensor) -> bool:
+    """Whether the C++ kernel samples the rows that ask for temperature alone: CPU logits with contiguous rows. A
+    row's way is its own (never its batch's), so its token does not depend on what the other rows ask for."""
+    return (logits.device.type == "cpu" and logits.dim() == 2 and logits.shape[1] > 0 and logits.stride(1) == 1
+            and cpu_kernels.load() is not None)
+
+
+def _rows_of(batch: SamplingBatch, rows: torch.Tensor) -> SamplingBatch:
+    """The batch's parameters at ``rows`` (the filter flags as the whole batch's: a row without a filter is left
+    whole by it)."""
+    return dataclasses.replace(batch, temperatures=batch.temperatures[rows], top_ks=batch.top_ks[rows],
+                               top_ps=batch.top_ps[rows], min_ps=batch.min_ps[rows], greedy=batch.greedy[rows],
+                               filtered=batch.filtered[rows], generators=[batch.generators[i] for i in rows.tolist()])
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
