@@ -32,8 +32,9 @@ ones once they have failed, instead of one rate mixing the two. An n-gram draft 
 token against every earlier occurrence of the latest tokens (``drafts.support``): the class's estimate is
 the prior, and where those occurrences went on alike the chance of a draft token rises, where they parted
 ways (a value after a shared key) it falls, so a draft stops where the text it copies is likely to differ.
-Replayed offline at a batch-8 token cost (``spec_replay``), this gave 2-4% more tokens per unit of cost on the
-extraction, agent, refinement and random workloads than the class's estimate alone. The cost of a draft token
+Replayed offline over the bench's workloads (``spec_replay``), it gave 3.5% more tokens per unit of cost on
+extraction at a batch-8 token cost on 2 vCPUs and 6-10% on extraction and refinement where a token costs three
+times that, and moved the others by less than 2%. The cost of a draft token
 comes from the steps themselves (``StepCost``: a decode or verify step's time fitted as ``a + b * tokens``):
 one more token costs ``b`` against a request's share ``(a + b * batch) / batch`` of a decode step, which is
 little at batch 1 (a step reads every weight once whatever it computes) and more in a large batch on a small
@@ -45,8 +46,8 @@ model wrote those very tokens after it.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
