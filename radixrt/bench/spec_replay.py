@@ -64,7 +64,8 @@ def replay(request: Request, earlier: list[Request], cost: float, width: int, we
         state.index.sync(tokens, len(tokens))
         ngrams_pay = state.ngrams_pay(MAX_DRAFT, cost)
         match = ngram_match(state.index, history, tokens, MAX_DRAFT) if ngrams_pay else None
-        found = candidates(state.index, history, tokens, MAX_DRAFT) if match is not None else []
+        wanted = match is not None and (weigh or width > 1)  # the occurrences weigh the chain or branch the tree
+        found = candidates(state.index, history, tokens, MAX_DRAFT) if wanted else []
         weights = support(match.tokens[:MAX_DRAFT], found) if match is not None and weigh else None
         length = state.draft_length(match, MAX_DRAFT, cost, weights=weights) if match is not None else 0
         steps += 1
