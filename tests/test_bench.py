@@ -295,7 +295,7 @@ def test_spec_bench_reads_each_vllm_method_and_prints_its_columns(tmp_path, caps
     fake.write_text(f"#!/bin/sh\necho 'RESULT_JSON {json.dumps(rows)}'\n")
     fake.chmod(0o755)
     args = argparse.Namespace(dtype="auto", workloads=["agent"], batch_sizes=[1], max_new_tokens=8, repeats=3,
-                              num_draft_tokens=8, history="cold")
+                              num_draft_tokens=8, history="cold", requests_per_slot=1)
     vllm = spec_bench.run_vllm(str(fake), "model", args)
     assert vllm == [dict(workload="agent", batch=1, off_tok_s=50.0, ngram_tok_s=100.0, ngram_speedup=2.0,
                          suffix_tok_s=100.0, suffix_speedup=4.0)]
@@ -353,9 +353,9 @@ def test_spec_bench_warm_history_keeps_one_speculator_an_arm_across_the_warm_up_
     calls = []
     real = spec_bench.measure
 
-    def spy(engine, name, batch, max_new_tokens, on, seed, speculator=None, unweighted=False):
+    def spy(engine, name, batch, max_new_tokens, on, seed, speculator=None, unweighted=False, per_slot=1):
         history = speculator.history.num_tokens if speculator is not None else None
-        out = real(engine, name, batch, max_new_tokens, on, seed, speculator, unweighted)
+        out = real(engine, name, batch, max_new_tokens, on, seed, speculator, unweighted, per_slot)
         calls.append((max_new_tokens, on, seed, speculator, history, unweighted,
                       speculator.weigh_by_support if speculator is not None else None))
         return out
@@ -476,3 +476,66 @@ def test_kernel_ab_builds_other_sources_beside_the_runtimes_build():
     assert other is not own and other.__name__ != own.__name__
     logits = torch.randn(5, 1000)
     assert torch.equal(other.greedy_tokens(logits), own.greedy_tokens(logits))
+
+
+@pytest.mark.model
+def test_spec_bench_requests_per_slot_keeps_at_most_a_batch_running():
+    """--requests-per-slot K: a run sends K * batch programs and never runs more than batch requests at once."""
+    from unittest import mock
+
+    import radixrt
+    from radixrt.bench import spec_bench
+    from radixrt.scheduler import scheduler as scheduler_module
+
+    engine = radixrt.Engine(dtype="float32", speculative_algorithm="NGRAM", log_interval=0, engine_scheduler="thread")
+    running = []
+    real = scheduler_module.plan_batch
+
+    def spy(reqs, *args, **kwargs):
+        running.append(len(reqs))
+        return real(reqs, *args, **kwargs)
+
+    try:
+        with mock.patch.object(scheduler_module, "plan_batch", spy):
+            for on in (False, True):
+                running.clear()
+                row = spec_bench.measure(engine, "extraction", 2, 6, on, seed=0, per_slot=3)
+                assert len(row["outputs"]) == 6 and row["per_slot"] == 3
+                assert max(running) == 2  # the slots stay full, and no fuller
+    finally:
+        engine.shutdown()
+
+
+def test_spec_workloads_vllm_side_gives_each_batch_size_engines_of_its_own_slots(monkeypatch, capsys):
+    """With requests_per_slot above 1, vLLM's runs cap running requests at the batch size (max_num_seqs), with
+    each batch size's engines shut down before the next one's start, and send per_slot * batch programs a run."""
+    from types import SimpleNamespace
+
+    from radixrt.bench import spec_workloads
+
+    events = []
+
+    def engine(model, dtype, speculative, max_num_seqs):
+        name = "off" if speculative is None else speculative["method"]
+        events.append(("start", name, max_num_seqs))
+        core = SimpleNamespace(shutdown=lambda: events.append(("stop", name, max_num_seqs)))
+        return SimpleNamespace(llm_engine=SimpleNamespace(engine_core=core), name=name)
+
+    def calls(llm):
+        def generate(prompts, params):
+            events.append(("run", llm.name, len(prompts)))
+            return [([1, 2], "x") for _ in prompts]
+        return generate, lambda messages: messages[-1]["content"]
+
+    monkeypatch.setattr(spec_workloads, "vllm_engine", engine)
+    monkeypatch.setattr(spec_workloads, "vllm_calls", calls)
+    monkeypatch.setattr(spec_workloads, "vllm_methods", lambda n: {"off": None, "ngram": {"method": "ngram"}})
+    spec_workloads.vllm_main("m", dict(dtype="float32", workloads=["extraction"], batch_sizes=[1, 4],
+                                       max_new_tokens=3, repeats=2, num_draft_tokens=4, requests_per_slot=3))
+    starts = [e for e in events if e[0] == "start"]
+    assert starts == [("start", "off", 1), ("start", "ngram", 1), ("start", "off", 4), ("start", "ngram", 4)]
+    assert events.index(("stop", "ngram", 1)) < events.index(("start", "off", 4))
+    runs = [e[2] for e in events if e[0] == "run"]
+    assert runs == [1, 1, 3, 3, 3, 3, 4, 4, 12, 12, 12, 12]  # warm-ups at one program a slot, then K a slot
+    rows = json.loads(capsys.readouterr().out.removeprefix("RESULT_JSON "))
+    assert {(r["batch"], r["tokens"]) for r in rows} == {(1, 6), (4, 24)}

@@ -2,7 +2,7 @@
 
     radixrt bench spec [--workloads extraction,extraction-series,agent,refine,random] [--batch-sizes 1,8]
                        [--max-new-tokens 128] [--repeats 3] [--history cold|warm] [--dtype auto]
-                       [--vllm-python PATH] [--json FILE] [--compare-unweighted]
+                       [--vllm-python PATH] [--json FILE] [--compare-unweighted] [--requests-per-slot 1]
 
 One Engine started with ``--speculative-algorithm NGRAM``; each run switches speculation on or off after
 flushing the radix cache. ``--history cold`` (the default): each run with speculation gets a fresh Speculator,
@@ -20,6 +20,11 @@ rounds differently from a decode step, so a near-tie may go the other way; in fp
 ``--compare-unweighted`` adds a third run to each repeat: speculation with n-gram draft lengths from the evidence
 classes' estimates alone (``Speculator.weigh_by_support`` off), its decode speed-up and acceptance length beside
 the others (with ``--history warm``, from a history of its own runs).
+``--requests-per-slot K`` (default 1) keeps the batch full: each run sends ``K * batch`` programs, at most ``batch``
+requests run at once (``--max-running-requests``; vLLM's ``max_num_seqs``), and a finished request's slot goes to
+the next one, as in a server at that concurrency. With ``K = 1`` a run is one closed batch, whose requests finish
+at different steps where drafts are taken at different rates, so its last steps run below ``batch`` (the decode
+figures then mix batch sizes).
 ``--vllm-python`` then runs the workloads through vLLM without speculation, with its n-gram speculation (prompt
 lookup) and, where that python has ``arctic_inference``, with its suffix decoding, alternating, on the same CPU,
 in a process of its own (vLLM's suffix trees keep every earlier output of the engine, warm-up and earlier
@@ -70,19 +75,28 @@ def engine_calls(engine):
     return generate, chat
 
 
+def _set_slots(engine, slots: int) -> None:
+    """At most ``slots`` requests decode at once (``--max-running-requests``); only while idle."""
+    if not engine.scheduler.idle:
+        raise RuntimeError("the running-request limit is set between runs only")
+    engine.scheduler.admission.args.max_running_requests = slots
+
+
 def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: int, speculator=None,
-            unweighted: bool = False) -> dict:
+            unweighted: bool = False, per_slot: int = 1) -> dict:
     """One run; with speculation, through ``speculator`` where given (its history kept), else a fresh one;
-    ``unweighted``: its n-gram drafts' lengths from the evidence classes' estimates alone."""
+    ``unweighted``: its n-gram drafts' lengths from the evidence classes' estimates alone; ``per_slot``: the run's
+    ``per_slot * batch`` programs share ``batch`` slots."""
     if on and speculator is None:
         speculator = new_speculator(engine)
     if on:
         speculator.weigh_by_support = not unweighted
     _set_speculation(engine, speculator if on else None)
+    _set_slots(engine, batch)
     engine.flush_cache()
     before = engine.get_stats()
     started = time.perf_counter()
-    outputs = run_workload(name, *engine_calls(engine), batch, max_new_tokens, seed)
+    outputs = run_workload(name, *engine_calls(engine), batch * per_slot, max_new_tokens, seed)
     seconds = time.perf_counter() - started
     after = engine.get_stats()
     delta = {k: after[k] - before[k] for k in ("decode_seconds", "decode_tokens", "spec_verify_steps",
@@ -90,7 +104,8 @@ def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: 
     tokens = sum(len(o) for o in outputs)
     # what a draft token cost this run, against a request's share of a decode step (StepCost, fitted on its steps)
     token_cost = speculator.cost.token_cost(batch) if on else None
-    return dict(workload=name, batch=batch, speculative=on, unweighted=on and unweighted, seed=seed, seconds=seconds, tokens=tokens,
+    return dict(workload=name, batch=batch, per_slot=per_slot, speculative=on, unweighted=on and unweighted,
+                seed=seed, seconds=seconds, tokens=tokens,
                 outputs=outputs, tok_s=tokens / seconds, token_cost=token_cost,
                 decode_tok_s=delta["decode_tokens"] / delta["decode_seconds"] if delta["decode_seconds"] else 0.0,
                 **{k: delta[k] for k in ("spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")})
@@ -134,7 +149,8 @@ def run_vllm(python: str, model: str, args: argparse.Namespace) -> list[dict]:
     script = Path(__file__).with_name("spec_workloads.py")
     config = dict(dtype="bfloat16" if args.dtype in ("auto", "bfloat16", "bf16") else "float32",
                   workloads=args.workloads, batch_sizes=args.batch_sizes, max_new_tokens=args.max_new_tokens,
-                  repeats=args.repeats, num_draft_tokens=args.num_draft_tokens, warm=args.history == "warm")
+                  repeats=args.repeats, num_draft_tokens=args.num_draft_tokens, warm=args.history == "warm",
+                  requests_per_slot=args.requests_per_slot)
     done = subprocess.run([python, str(script), "vllm", model, json.dumps(config)], capture_output=True,
                           text=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
     line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT_JSON ")), None)
@@ -180,6 +196,13 @@ def print_table(table: list[dict], vllm: list[dict] | None) -> None:
         print(line)
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", type=lambda s: s.split(","), default=list(WORKLOADS))
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
@@ -196,6 +219,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-unweighted", action="store_true",
                    help="also run speculation with draft lengths from the evidence classes' estimates alone, "
                         "without weighing each token by the earlier occurrences that agree with it")
+    p.add_argument("--requests-per-slot", type=_at_least_one, default=1,
+                   help="programs a run sends per slot of the batch (at most --batch-sizes requests run at once): "
+                        "above 1, a finished request's slot goes to the next one, so the batch stays full")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     from radixrt.model.weights import resolve_model_path
     from radixrt.server_args import DEFAULT_MODEL
 
-    context = {**machine(), "history": args.history}
+    context = {**machine(), "history": args.history, "requests_per_slot": args.requests_per_slot}
     print(" ".join(f"{k}={v}" for k, v in context.items()), flush=True)
     model = str(resolve_model_path(args.model or DEFAULT_MODEL))
     engine = radixrt.Engine(model=model, dtype=args.dtype, speculative_algorithm="NGRAM",
@@ -224,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
                 for repeat in range(args.repeats):
                     for arm in arms:
                         rows.append(measure(engine, name, batch, args.max_new_tokens, arm[0], repeat, warm[arm],
-                                            unweighted=arm[1]))
+                                            unweighted=arm[1], per_slot=args.requests_per_slot))
     finally:
         engine.shutdown()
     table = summarize(rows)

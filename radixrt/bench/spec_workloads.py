@@ -103,13 +103,19 @@ def run_workload(name: str, generate: Generate, chat: Chat, batch: int, max_new_
     return outputs
 
 
-def vllm_calls(model: str, dtype: str, speculative: dict | None) -> tuple[Generate, Chat]:
+def vllm_engine(model: str, dtype: str, speculative: dict | None, max_num_seqs: int):
     import os
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
-    llm = LLM(model=model, dtype=dtype, max_model_len=4096, max_num_seqs=16, seed=0, speculative_config=speculative)
+    return LLM(model=model, dtype=dtype, max_model_len=4096, max_num_seqs=max_num_seqs, seed=0,
+               speculative_config=speculative)
+
+
+def vllm_calls(llm) -> tuple[Generate, Chat]:
+    from vllm import SamplingParams
+
     tokenizer = llm.get_tokenizer()
 
     def generate(prompts: list[str], params: dict) -> list[tuple[list[int], str]]:
@@ -142,24 +148,33 @@ def vllm_methods(num_draft_tokens: int) -> dict[str, dict | None]:
 
 
 def vllm_main(model: str, args: dict) -> None:
-    """Each workload and batch size through each of vLLM's methods, alternating (one engine each)."""
-    engines = {name: vllm_calls(model, args["dtype"], config)
-               for name, config in vllm_methods(args["num_draft_tokens"]).items()}
+    """Each workload and batch size through each of vLLM's methods, alternating (one engine each). With
+    ``requests_per_slot`` above 1, each run sends that many programs per slot of the batch and each batch size gets
+    engines of its own that run at most ``batch`` requests at once (``max_num_seqs``)."""
+    per_slot = args.get("requests_per_slot", 1)
+    methods = vllm_methods(args["num_draft_tokens"])
     rows = []
-    for name in args["workloads"]:
-        for batch in args["batch_sizes"]:
-            for method in engines:  # warm-up (at full length where radixrt's history is warm too)
-                run_workload(name, *engines[method], batch, args["max_new_tokens"] if args.get("warm") else 4,
-                             seed=-1)
-            for repeat in range(args["repeats"]):
-                for method in engines:
-                    started = time.perf_counter()
-                    outs = run_workload(name, *engines[method], batch, args["max_new_tokens"], seed=repeat)
-                    seconds = time.perf_counter() - started
-                    rows.append(dict(workload=name, batch=batch, method=method, repeat=repeat, seconds=seconds,
-                                     tokens=sum(len(o) for o in outs)))
+    for slots in ([[b] for b in args["batch_sizes"]] if per_slot > 1 else [args["batch_sizes"]]):
+        engines = {name: vllm_engine(model, args["dtype"], config, max(slots) if per_slot > 1 else 16)
+                   for name, config in methods.items()}
+        calls = {name: vllm_calls(llm) for name, llm in engines.items()}
+        for name in args["workloads"]:
+            for batch in slots:
+                for method in calls:  # warm-up (at full length where radixrt's history is warm too)
+                    run_workload(name, *calls[method], batch, args["max_new_tokens"] if args.get("warm") else 4,
+                                 seed=-1)
+                for repeat in range(args["repeats"]):
+                    for method in calls:
+                        started = time.perf_counter()
+                        outs = run_workload(name, *calls[method], batch * per_slot, args["max_new_tokens"],
+                                            seed=repeat)
+                        seconds = time.perf_counter() - started
+                        rows.append(dict(workload=name, batch=batch, method=method, repeat=repeat, seconds=seconds,
+                                         tokens=sum(len(o) for o in outs)))
+        for llm in engines.values():  # before the next batch size's engines take their memory
+            llm.llm_engine.engine_core.shutdown()
+        del engines, calls
     print("RESULT_JSON " + json.dumps(rows), flush=True)
-
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] != "vllm":
