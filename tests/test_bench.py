@@ -497,13 +497,19 @@ def test_spec_bench_requests_per_slot_keeps_at_most_a_batch_running():
 
     try:
         with mock.patch.object(scheduler_module, "plan_batch", spy):
+            outputs = []
             for on in (False, True):
                 running.clear()
-                row = spec_bench.measure(engine, "extraction", 2, 6, on, seed=0, per_slot=3)
+                row = spec_bench.measure(engine, "extraction", 2, 16, on, seed=0, per_slot=3)
                 assert len(row["outputs"]) == 6 and row["per_slot"] == 3
+                assert (row["spec_verify_steps"] > 0) == on
                 assert max(running) == 2  # the slots stay full, and no fuller
+                outputs.append(row["outputs"])
     finally:
         engine.shutdown()
+    # fp32: requests that join the batch at other steps (their prompts chunked beside other rows) and are verified
+    # several tokens at a time still give the tokens they give without speculation
+    assert outputs[0] == outputs[1]
 
 
 def test_spec_workloads_vllm_side_gives_each_batch_size_engines_of_its_own_slots(monkeypatch, capsys):
