@@ -300,7 +300,8 @@ def test_spec_bench_reads_each_vllm_method_and_prints_its_columns(tmp_path, caps
     assert vllm == [dict(workload="agent", batch=1, off_tok_s=50.0, ngram_tok_s=100.0, ngram_speedup=2.0,
                          suffix_tok_s=100.0, suffix_speedup=4.0)]
     ours = dict(workload="agent", batch=1, off_tok_s=1.0, on_tok_s=2.0, speedup=2.0, off_decode_tok_s=1.0,
-                on_decode_tok_s=2.0, decode_speedup=2.0, accept_length=3.0, accept_rate=0.5, token_cost=0.25,
+                on_decode_tok_s=2.0, decode_speedup=2.0, accept_length=3.0, accept_rate=0.5, off_mean_batch=1.0,
+                on_mean_batch=1.0, token_cost=0.25,
                 same_outputs="1/1")
     spec_bench.print_table([ours], vllm)
     head, _, line = capsys.readouterr().out.splitlines()
@@ -504,6 +505,7 @@ def test_spec_bench_requests_per_slot_keeps_at_most_a_batch_running():
                 assert len(row["outputs"]) == 6 and row["per_slot"] == 3
                 assert (row["spec_verify_steps"] > 0) == on
                 assert max(running) == 2  # the slots stay full, and no fuller
+                assert 1.0 <= row["mean_batch"] <= 2.0  # requests a decode step
                 outputs.append(row["outputs"])
     finally:
         engine.shutdown()

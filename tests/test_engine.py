@@ -186,6 +186,18 @@ def test_abort_mid_stream_releases_pages(engine):
     assert stats["num_running"] == 0 and stats["pages_private"] == 0 and stats["pages_protected"] == 0
 
 
+def test_stats_count_decode_steps_and_their_requests(engine):
+    """Steps without prefill chunks: their output tokens, the steps, and the requests in them summed (over the
+    steps: the mean decode batch, which falls as a batch's requests finish)."""
+    before = engine.get_stats()
+    engine.generate(["Count me", "Count me too"], [{"max_new_tokens": n, "ignore_eos": True, "temperature": 0}
+                                                  for n in (5, 3)])
+    after = engine.get_stats()
+    delta = {k: after[k] - before[k] for k in ("decode_tokens", "decode_steps", "decode_requests")}
+    # the prefill step gives each its first token; then 2 steps of both, 2 of the longer one alone
+    assert delta == {"decode_tokens": 6, "decode_steps": 4, "decode_requests": 6}
+
+
 def test_flush_cache(engine):
     engine.generate("Flush me " * 10, {"max_new_tokens": 1})
     assert engine.get_stats()["pages_evictable"] > 0

@@ -10,13 +10,15 @@ so it drafts only from what it wrote itself, as the first requests of their kind
 ``--history warm``: one Speculator per workload and batch size is kept across the warm-up (run at full length,
 over documents of its own) and the repeats (each over other documents), so a run also drafts from what earlier
 runs wrote, as a server in steady state does and as vLLM's suffix decoding always does. Runs alternate off/on,
-repeat by repeat, so the machine's drift hits both alike. Per
-workload and batch size: output tokens per second end to end and in decode steps (the scheduler's time in
-steps without prefill chunks and the tokens they gave), the on/off ratio (median of the paired repeats), the
-mean acceptance length, what a draft token cost against a request's share of a decode step (the Speculator's
-fit of its decode and verify steps' times, ``StepCost``: the ``c`` that ``spec_ceiling --token-costs`` takes),
-and how many outputs were the same tokens with speculation on (in bf16 a verify step
-rounds differently from a decode step, so a near-tie may go the other way; in fp32 they all are).
+repeat by repeat, so the machine's drift hits both alike. Per workload and batch size: output tokens per second
+end to end and in decode steps (the scheduler's time in steps without prefill chunks and the tokens they gave),
+the on/off ratio (median of the paired repeats), the mean acceptance length, the mean batch of those decode steps
+off and on (requests a step; below ``batch`` where requests have finished and no others wait), what a draft token
+cost against a request's share of a decode step (the Speculator's fit of its decode and verify steps' times,
+``StepCost``: the ``c`` that ``spec_ceiling --token-costs`` takes), and how many outputs were the same tokens with
+speculation on (in fp32 they all are; in bf16 a near-tie may go the other way where a row's arithmetic differs:
+on CPUs where a verify row does not get its decode row's bits, or where a prompt is prefilled in chunks split at
+other tokens, as when requests join a full batch at other steps).
 ``--compare-unweighted`` adds a third run to each repeat: speculation with n-gram draft lengths from the evidence
 classes' estimates alone (``Speculator.weigh_by_support`` off), its decode speed-up and acceptance length beside
 the others (with ``--history warm``, from a history of its own runs).
@@ -99,8 +101,8 @@ def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: 
     outputs = run_workload(name, *engine_calls(engine), batch * per_slot, max_new_tokens, seed)
     seconds = time.perf_counter() - started
     after = engine.get_stats()
-    delta = {k: after[k] - before[k] for k in ("decode_seconds", "decode_tokens", "spec_verify_steps",
-                                                "spec_draft_tokens", "spec_accepted_tokens")}
+    delta = {k: after[k] - before[k] for k in ("decode_seconds", "decode_tokens", "decode_steps", "decode_requests",
+                                                "spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")}
     tokens = sum(len(o) for o in outputs)
     # what a draft token cost this run, against a request's share of a decode step (StepCost, fitted on its steps)
     token_cost = speculator.cost.token_cost(batch) if on else None
@@ -108,6 +110,7 @@ def measure(engine, name: str, batch: int, max_new_tokens: int, on: bool, seed: 
                 seed=seed, seconds=seconds, tokens=tokens,
                 outputs=outputs, tok_s=tokens / seconds, token_cost=token_cost,
                 decode_tok_s=delta["decode_tokens"] / delta["decode_seconds"] if delta["decode_seconds"] else 0.0,
+                mean_batch=delta["decode_requests"] / delta["decode_steps"] if delta["decode_steps"] else 0.0,
                 **{k: delta[k] for k in ("spec_verify_steps", "spec_draft_tokens", "spec_accepted_tokens")})
 
 
@@ -131,6 +134,8 @@ def summarize(rows: list[dict]) -> list[dict]:
             off_decode_tok_s=statistics.median(r["decode_tok_s"] for r in off),
             on_decode_tok_s=statistics.median(r["decode_tok_s"] for r in on),
             decode_speedup=statistics.median(y["decode_tok_s"] / x["decode_tok_s"] for x, y in pairs),
+            off_mean_batch=statistics.median(r["mean_batch"] for r in off),
+            on_mean_batch=statistics.median(r["mean_batch"] for r in on),
             accept_length=(accepted + steps) / steps if steps else 0.0,
             accept_rate=accepted / drafted if drafted else 0.0,
             token_cost=statistics.median(r["token_cost"] for r in on),
@@ -173,7 +178,7 @@ def run_vllm(python: str, model: str, args: argparse.Namespace) -> list[dict]:
 
 def print_table(table: list[dict], vllm: list[dict] | None) -> None:
     head = ("| workload | batch | off tok/s | on tok/s | x | decode off | decode on | decode x | accept length "
-            "| accepted | draft token cost | same tokens |")
+            "| accepted | mean batch off / on | draft token cost | same tokens |")
     methods = [m for m in ("ngram", "suffix") if vllm and f"{m}_tok_s" in vllm[0]]
     unweighted = "unweighted_decode_speedup" in table[0]
     if unweighted:
@@ -186,6 +191,7 @@ def print_table(table: list[dict], vllm: list[dict] | None) -> None:
         line = (f"| {row['workload']} | {row['batch']} | {row['off_tok_s']:.1f} | {row['on_tok_s']:.1f} | "
                 f"{row['speedup']:.2f} | {row['off_decode_tok_s']:.1f} | {row['on_decode_tok_s']:.1f} | "
                 f"{row['decode_speedup']:.2f} | {row['accept_length']:.2f} | {row['accept_rate']:.0%} | "
+                f"{row['off_mean_batch']:.1f} / {row['on_mean_batch']:.1f} | "
                 f"{row['token_cost']:.2f} | {row['same_outputs']} |")
         if unweighted:
             line += f" {row['unweighted_decode_speedup']:.2f} | {row['unweighted_accept_length']:.2f} |"

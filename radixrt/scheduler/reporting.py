@@ -39,6 +39,8 @@ def collect_stats(sched: Scheduler) -> SchedulerStats:
         pages_pinned=sched.sessions.pinned_pages,
         decode_seconds=sched.decode_seconds,
         decode_tokens=sched.decode_tokens,
+        decode_steps=sched.decode_steps,
+        decode_requests=sched.decode_requests,
         spec_verify_steps=spec.verify_steps if spec is not None else 0,
         spec_draft_tokens=spec.drafted if spec is not None else 0,
         spec_accepted_tokens=spec.accepted if spec is not None else 0,

@@ -126,6 +126,8 @@ class Scheduler:
         self.forward_seconds = 0.0
         self.decode_seconds = 0.0  # in steps without prefill chunks (decode and verify steps)
         self.decode_tokens = 0  # output tokens those steps gave
+        self.decode_steps = 0  # those steps
+        self.decode_requests = 0  # requests in those steps, summed over them (/ decode_steps: the mean batch)
         self.forward_failures = 0  # in a row
         self.step_latency = Histogram(STEP_BUCKETS)  # of the steps that did something
         self.profiler = StepProfiler()
@@ -301,7 +303,7 @@ class Scheduler:
             self._finish_step(self.output.process(plan, logits.split(batch.logits_counts), hidden))
         if decoding and self.launched is None:
             seconds = time.perf_counter() - started
-            self._count_decode(sum(len(req.output_ids) for req, _ in plan) - outputs_before, seconds)
+            self._count_decode(sum(len(req.output_ids) for req, _ in plan) - outputs_before, seconds, len(plan))
             if self.speculator is not None:  # a decode or verify step's time: what a draft token costs
                 self.speculator.step_timed(plan, seconds)
         self._end_step(plan, started)
@@ -349,7 +351,7 @@ class Scheduler:
         outputs_before = sum(len(req.output_ids) for req, _ in launched.plan)
         self._settle(launched)
         self._count_decode(sum(len(req.output_ids) for req, _ in launched.plan) - outputs_before,
-                           time.perf_counter() - started)
+                           time.perf_counter() - started, len(launched.plan))
         self._end_step(plan, started)
         return True
 
@@ -373,10 +375,13 @@ class Scheduler:
             progressed.append(req)
         self._finish_step(progressed)
 
-    def _count_decode(self, tokens: int, seconds: float) -> None:
-        """A step without prefill chunks took ``seconds`` and gave ``tokens`` output tokens."""
+    def _count_decode(self, tokens: int, seconds: float, requests: int) -> None:
+        """A step of ``requests`` requests without prefill chunks took ``seconds`` and gave ``tokens`` output
+        tokens."""
         self.decode_tokens += tokens
         self.decode_seconds += seconds
+        self.decode_steps += 1
+        self.decode_requests += requests
 
     def _retire(self, req: Req) -> None:
         """A running request that finished gives its pages back."""
