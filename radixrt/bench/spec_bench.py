@@ -17,8 +17,9 @@ off and on (requests a step; below ``batch`` where requests have finished and no
 cost against a request's share of a decode step (the Speculator's fit of its decode and verify steps' times,
 ``StepCost``: the ``c`` that ``spec_ceiling --token-costs`` takes), and how many outputs were the same tokens with
 speculation on (in fp32 they all are; in bf16 a near-tie may go the other way where a row's arithmetic differs:
-on CPUs where a verify row does not get its decode row's bits, or where a prompt is prefilled in chunks split at
-other tokens, as when requests join a full batch at other steps).
+on CPUs where a verify row does not get its decode row's bits, or where a prompt is computed in two parts split
+at another token, cached prefix and new part or two prefill chunks, as when requests join a full batch at other
+steps and find other prompts in the radix cache).
 ``--compare-unweighted`` adds a third run to each repeat: speculation with n-gram draft lengths from the evidence
 classes' estimates alone (``Speculator.weigh_by_support`` off), its decode speed-up and acceptance length beside
 the others (with ``--history warm``, from a history of its own runs).
