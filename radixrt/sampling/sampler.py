@@ -88,8 +88,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, generator_states: dict[in
     where one token per used row leaves it. On a CPU with the C++ kernels, the rows that ask for temperature alone
     are sampled by one kernel (``cpu_kernels.sample_tokens``: the same rule over the softmax's numerators, two
     passes over a row and a third over one vector of it, nothing row-sized written; 0.18 ms for 8 rows of 49,152
-    logits on two cores, where the torch ops took 0.85); the rows that ask for top-k, top-p or min-p by the torch ops. A row's way depends on its own
-    parameters alone, so its token never depends on what the other rows of its batch ask for."""
+    logits on two cores, where the torch ops took 0.85); the rows that ask for top-k, top-p or min-p by the torch
+    ops. A row's way depends on its own parameters alone, so its token never depends on what the other rows of its
+    batch ask for."""
     if batch.all_greedy:
         return greedy_tokens(logits)
     batch = batch.to(logits.device)
@@ -125,8 +126,7 @@ def _inverse_cdf(logits: torch.Tensor, batch: SamplingBatch, uniforms: torch.Ten
 
 
 def _kernel_samples(logits: torch.Tensor) -> bool:
-    """Whether the C++ kernel samples the rows that ask for temperature alone: CPU logits with contiguous rows. A
-    row's way is its own (never its batch's), so its token does not depend on what the other rows ask for."""
+    """Whether the C++ kernel samples the rows that ask for temperature alone: CPU logits with contiguous rows."""
     return (logits.device.type == "cpu" and logits.dim() == 2 and logits.shape[1] > 0 and logits.stride(1) == 1
             and cpu_kernels.load() is not None)
 
