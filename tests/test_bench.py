@@ -547,3 +547,16 @@ def test_spec_workloads_vllm_side_gives_each_batch_size_engines_of_its_own_slots
     assert runs == [1, 1, 3, 3, 3, 3, 4, 4, 12, 12, 12, 12]  # warm-ups at one program a slot, then K a slot
     rows = json.loads(capsys.readouterr().out.removeprefix("RESULT_JSON "))
     assert {(r["batch"], r["tokens"]) for r in rows} == {(1, 6), (4, 24)}
+
+
+def test_spec_bench_refuses_fewer_than_one_request_per_slot(capsys):
+    import argparse
+
+    from radixrt.bench import spec_bench
+
+    parser = argparse.ArgumentParser()
+    spec_bench.add_arguments(parser)
+    assert parser.parse_args(["--requests-per-slot", "2"]).requests_per_slot == 2
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--requests-per-slot", "0"])
+    assert "--requests-per-slot: must be at least 1, not 0" in capsys.readouterr().err
