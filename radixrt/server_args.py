@@ -70,6 +70,7 @@ class ServerArgs:
     disable_cuda_graph: bool = field(default=False, metadata={"help": "run decode steps eagerly on CUDA instead of replaying graphs captured at start-up"})
     cuda_graph_max_bs: int | None = field(default=None, metadata={"help": "largest decode batch replayed from a CUDA graph (default: --max-running-requests, at most 256)"})
     random_seed: int = field(default=0, metadata={"help": "seeds the sampling of requests that give no seed: the same requests in the same order sample the same tokens"})
+    enable_deterministic_inference: bool = field(default=False, metadata={"help": "every request gets the same logits, to the last bit, whatever shares its batch, whether its prompt was cached, chunked or whole: each prompt token attends as a decode row would, on radixrt's own kernels (the CPU only, one process; a sampled request reproduces with a seed). Prefill runs slower (docs/BENCHMARKS.md)"})
     debug_checks: bool = field(default=False, metadata={"help": "check cache and page invariants after every step"})
     log_interval: float = field(default=10.0, metadata={"help": "seconds between stats log lines (0: off)"})
     # ----- sessions (/open_session, session_params; docs/FEATURES.md) -----
@@ -166,6 +167,8 @@ class ServerArgs:
                 raise ValueError(f"speculative_algorithm {self.speculative_algorithm!r}: radixrt drafts without a "
                                  "draft model, from text it has seen: NGRAM")
             self.speculative_algorithm = "NGRAM"
+        if self.enable_deterministic_inference:
+            self._check_deterministic()
         for f in fields(self):
             value = getattr(self, f.name)
             choices = f.metadata.get("choices")
@@ -174,6 +177,20 @@ class ServerArgs:
             refused = f.metadata.get("refused")
             if refused is not None and value not in refused[1]:
                 raise ValueError(f"{f.name}={value!r}: radixrt does not serve {refused[0]}")
+
+    def _check_deterministic(self) -> None:
+        """What deterministic inference cannot run with, refused before anything starts (the model runner checks
+        the kernels it needs as it loads)."""
+        if self.device != "cpu":
+            raise ValueError(f"enable_deterministic_inference runs on the CPU only, not on {self.device!r}: on a GPU "
+                             "radixrt's matrix products (cuBLAS) and split attention change with the batch")
+        if self.tp_size > 1:
+            raise ValueError("enable_deterministic_inference does not run with tensor parallelism (tp_size > 1): "
+                             "the all-reduce's sums are not fixed per row")
+        if self.attention_backend == "triton":
+            raise ValueError("enable_deterministic_inference runs on the torch attention backend, not triton")
+        if self.dtype in ("float16", "half", "fp16"):
+            raise ValueError("enable_deterministic_inference runs in float32 or bfloat16, not float16")
 
     def public_dict(self) -> dict[str, Any]:
         """Every option, with the keys masked: what may be shown or logged."""

@@ -71,3 +71,23 @@ def cpu_kernel_module():
     module = cpu_kernels.load()
     assert module is not None
     return module
+
+
+@pytest.fixture(scope="session")
+def tiny_hd64(tmp_path_factory):
+    """A two-layer llama with head_dim 64 (the bf16 decode kernel's span walk) and GQA 2:1, seeded weights: for
+    tests that compare runs to the last bit (test_batch_invariance.py, test_deterministic.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    folder = tmp_path_factory.mktemp("llama-hd64")
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.08)
+    model.save_pretrained(folder)
+    return folder

@@ -39,6 +39,8 @@ def test_every_option_parses_to_its_declared_type():
     argv, expected = [], {}
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
+        if f.name == "enable_deterministic_inference":  # refuses the CUDA device picked below (test_deterministic.py)
+            continue
         if str(f.type) == "bool":
             if "refused" not in f.metadata:
                 argv.append(flag)

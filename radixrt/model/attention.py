@@ -96,16 +96,21 @@ class AttentionBackend(ABC):
         """The batch's queries over their requests' pages (the new K/V already stored)."""
 
 
-def create_attention_backend(pool: PagePool, name: str = "auto") -> AttentionBackend:
-    """The backend called ``name`` (one of :data:`ATTENTION_BACKENDS`) over ``pool``."""
+def create_attention_backend(pool: PagePool, name: str = "auto", deterministic: bool = False) -> AttentionBackend:
+    """The backend called ``name`` (one of :data:`ATTENTION_BACKENDS`) over ``pool``; ``deterministic``: one whose
+    every token takes the same sums whatever its batch or its cached prefix (the torch backend on a CPU), else a
+    ``ValueError``."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {ATTENTION_BACKENDS}")
     if name == "auto":
         name = "triton" if pool.k_caches[0].device.type == "cuda" else "torch"
+    if deterministic and (name == "triton" or pool.k_caches[0].device.type != "cpu"):
+        raise ValueError("deterministic inference runs on the CPU's torch attention backend only; "
+                         f"not on {name!r} over {pool.k_caches[0].device.type}")
     if name == "triton":
         from radixrt.model.triton_attention import TritonAttention
 
         return TritonAttention(pool)
     from radixrt.model.torch_attention import TorchAttention
 
-    return TorchAttention(pool)
+    return TorchAttention(pool, all_rows=deterministic)

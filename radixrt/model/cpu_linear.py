@@ -23,6 +23,9 @@
   kernels need AVX512-BF16/AMX or AVX-NE-CONVERT; where the CPU lacks them the reorder fails and the layer
   keeps ``F.linear``.
 
+Deterministic inference (``row_invariant``) takes radixrt's own kernels wherever they run, faster or not:
+``panels`` for fp32, ``amx`` or ``bf16`` for bf16; a CPU with none of them for the dtype is refused.
+
 ``RADIXRT_CPU_LINEAR=onednn|panels|bf16|amx`` forces one kernel where it can run (``panels``: fp32, built with
 AVX2; ``bf16``: bf16 weights with an even ``in``, built with AVX512-BF16; ``amx``: bf16 weights with ``in`` a
 multiple of 32, built for and run on a CPU with AMX-BF16); ``RADIXRT_DISABLE_PACKED_LINEAR=1`` keeps
@@ -72,12 +75,15 @@ def prefers_amx(flags: frozenset[str]) -> bool:
     return "amx_bf16" in flags
 
 
-def choose_kernel(weight: torch.Tensor) -> str:
+def choose_kernel(weight: torch.Tensor, row_invariant: bool = False) -> str:
     """The kernel that runs ``weight`` here: ``panels`` for fp32, ``amx`` or ``bf16`` for bf16 where preferred (or
-    forced) and usable, else ``onednn``."""
+    forced) and usable, else ``onednn``. With ``row_invariant``, one of radixrt's kernels wherever one runs the
+    weight here (each computes a row the same way whatever rows come with it), else a ``ValueError``."""
     forced = os.environ.get(KERNEL_ENV)
     if forced is not None and forced not in KERNELS:
         raise ValueError(f"{KERNEL_ENV}={forced!r}; choose one of {', '.join(KERNELS)}")
+    if row_invariant:
+        return _row_invariant_kernel(weight)
     flags = cpu_kernels.cpu_flags()
     wants_panels = forced == "panels" or (forced is None and prefers_panels(flags, cpu_kernels.cpu_model()))
     if wants_panels and weight.dtype == torch.float32 and cpu_kernels.linear_panels_usable():
@@ -93,11 +99,29 @@ def choose_kernel(weight: torch.Tensor) -> str:
     return "onednn"
 
 
-def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
-    """``weight`` (``[out, in]``) packed for this CPU's kernel, or None where no kernel runs its dtype here."""
+def _row_invariant_kernel(weight: torch.Tensor) -> str:
+    fits_pairs = weight.dim() == 2 and weight.shape[1] % 2 == 0
+    if weight.dtype == torch.float32 and cpu_kernels.linear_panels_usable():
+        return "panels"
+    if weight.dtype == torch.bfloat16 and fits_pairs and weight.shape[1] % 32 == 0 and cpu_kernels.linear_amx_usable():
+        return "amx"
+    if weight.dtype == torch.bfloat16 and fits_pairs and cpu_kernels.linear_bf16_built():
+        return "bf16"
+    needs = {torch.float32: "radixrt's fp32 panel kernel (AVX2 with FMA)",
+             torch.bfloat16: "radixrt's bf16 kernels (AVX512-BF16 or AMX)"}.get(weight.dtype, "a float32 or bfloat16 model")
+    raise ValueError(f"deterministic inference needs {needs} for a {weight.dtype} weight of shape "
+                     f"{tuple(weight.shape)}, and this CPU or build has none: try --dtype float32")
+
+
+def pack_weight(weight: torch.Tensor, row_invariant: bool = False) -> PackedWeight | None:
+    """``weight`` (``[out, in]``) packed for this CPU's kernel, or None where no kernel runs its dtype here. With
+    ``row_invariant`` (deterministic inference) the kernel is one of radixrt's, else a ``ValueError``."""
     if not packing_enabled(weight.device):
+        if row_invariant:
+            raise ValueError("deterministic inference needs the packed linear layers "
+                             "(RADIXRT_DISABLE_PACKED_LINEAR=1 turns them off)")
         return None
-    kernel = choose_kernel(weight)
+    kernel = choose_kernel(weight, row_invariant)
     if kernel == "panels":
         return PackedWeight(cpu_kernels.pack_linear_panels(weight), weight.shape[0], "panels")
     if kernel in ("bf16", "amx"):  # the same panels

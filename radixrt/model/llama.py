@@ -175,13 +175,14 @@ class LlamaForCausalLM(InferenceModule):
     def _head_weight(self) -> torch.Tensor:
         return (self.embed_tokens if self.lm_head is None else self.lm_head).weight
 
-    def pack_linear_weights(self) -> int:
+    def pack_linear_weights(self, row_invariant: bool = False) -> int:
         """Prepack every projection and the LM head for the CPU (cpu_linear); returns how many were packed.
+        ``row_invariant`` (deterministic inference): on radixrt's own kernels, or a ``ValueError``.
 
         The LM head gets its own packed copy: the embedding table it may share stays for token lookups.
         """
-        packed = sum(m.pack() for m in self.modules() if isinstance(m, PackableLinear))
-        self.packed_head = pack_weight(self._head_weight())
+        packed = sum(m.pack(row_invariant) for m in self.modules() if isinstance(m, PackableLinear))
+        self.packed_head = pack_weight(self._head_weight(), row_invariant)
         return packed + (self.packed_head is not None)
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:

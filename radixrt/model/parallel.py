@@ -69,9 +69,10 @@ class PackableLinear(InferenceModule):
     weight: nn.Parameter | None
     packed: PackedWeight | None = None
 
-    def pack(self) -> bool:
-        """Prepack the weight for the CPU and free the plain copy; False where this CPU/dtype has no kernel."""
-        packed = pack_weight(self.weight)
+    def pack(self, row_invariant: bool = False) -> bool:
+        """Prepack the weight for the CPU and free the plain copy; False where this CPU/dtype has no kernel.
+        ``row_invariant``: see :func:`cpu_linear.pack_weight`."""
+        packed = pack_weight(self.weight, row_invariant)
         if packed is None:
             return False
         self.packed, self.weight = packed, None

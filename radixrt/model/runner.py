@@ -99,6 +99,17 @@ def iterate_safetensors(model_path: Path):
                 yield name, handle.get_tensor(name)
 
 
+def check_deterministic(device: torch.device, world: TPWorld | None) -> None:
+    """Deterministic inference (``--enable-deterministic-inference``) needs kernels that compute a row the same way
+    whatever rows come with it: radixrt's own CPU kernels on one CPU process. Elsewhere a ``ValueError`` says why."""
+    if device.type != "cpu":
+        raise ValueError("--enable-deterministic-inference runs on the CPU only: on a GPU radixrt's matrix products "
+                         "(cuBLAS) and split attention change with the batch")
+    if world is not None:
+        raise ValueError("--enable-deterministic-inference does not run with tensor parallelism (--tp-size > 1): "
+                         "the all-reduce's sums are not fixed per row")
+
+
 class MirroredPagePool(PagePool):
     """Rank 0's pool: records each page copy, for the followers to repeat before the next forward."""
 
@@ -127,6 +138,7 @@ class ModelRunner:
         cuda_graph_max_bs: int | None = None,
         graph_factory: GraphFactory | None = None,
         mem_fraction_static: float | None = None,
+        deterministic: bool = False,
     ) -> None:
         started = time.perf_counter()
         self.model_path = Path(model_path)
@@ -136,6 +148,9 @@ class ModelRunner:
         check_tensor_parallel(self.config, tp.size)
         self.device = torch.device(device if world is None else world.device)
         self.dtype = parse_dtype(dtype, self.device)
+        if deterministic:
+            check_deterministic(self.device, world)
+        self.deterministic = deterministic
         if self.device.type == "cpu":
             keep_freed_memory()
             cpu_kernels.load()  # compiled on the first run ever (about 50 s), then loaded from the cache
@@ -146,7 +161,7 @@ class ModelRunner:
         self.model.load_weights(iterate_safetensors(self.model_path))
         self.model.to(self.dtype)
         self.model.eval()
-        self.packed_linears = self.model.pack_linear_weights() if self.device.type == "cpu" else 0
+        self.packed_linears = self.model.pack_linear_weights(deterministic) if self.device.type == "cpu" else 0
         self.model.bind_attributes()  # the model is final: its weights are read as plain attributes
         layout = KVLayout(
             num_layers=self.config.num_hidden_layers,
@@ -164,7 +179,7 @@ class ModelRunner:
             self.pool = PagePool(layout, num_pages, self.device)
         else:
             self.pool = PagePool.from_memory_budget(layout, kv_memory_gb, self.device)
-        self.attention: AttentionBackend = create_attention_backend(self.pool, attention_backend)
+        self.attention: AttentionBackend = create_attention_backend(self.pool, attention_backend, deterministic)
         self.graphs: GraphRunner | None = None
         if self.device.type == "cuda" and world is None:  # ranks would have to warm up in step
             self._warm_up()
@@ -216,6 +231,7 @@ class ModelRunner:
                    attention_backend=args.attention_backend,
                    context_length=args.context_length, device=args.device, world=world,
                    disable_cuda_graph=args.disable_cuda_graph,
+                   deterministic=args.enable_deterministic_inference,
                    cuda_graph_max_bs=args.cuda_graph_max_bs or min(args.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS))
 
     def _pages_per_rank(self, layout: KVLayout, kv_memory_gb: float | None, world: TPWorld) -> int:

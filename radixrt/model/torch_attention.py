@@ -11,6 +11,10 @@ gathered pages; with AMX torch's flash attention runs on the tiles, 3x this kern
 ``torch_ref`` with a sliding window. An extend batch of at most ``SHORT_EXTEND`` new tokens a request (a speculative verify step) runs as a decode with a row per token (:class:`DecodeRows`); in a
 mixed batch those requests do, and the rest run as an extend (:class:`MixedSplit`). What the page table implies
 is the same for every layer, so plans are derived once per forward and kept in ``batch.attn_cache``.
+
+Deterministic inference (``all_rows``): every extend runs as decode rows, whatever its length, on the C++ decode
+kernel. A token's attention then takes the same sums whether its prompt came whole, in chunks, after a cached
+prefix or beside other requests, and the same as a decode step over the same keys would.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from radixrt.kernels import cpu_kernels, torch_cascade, torch_ref
+from radixrt.memory.page_pool import PagePool
 from radixrt.model.attention import AttentionBackend
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.layers import RotaryEmbedding
@@ -29,6 +34,13 @@ class TorchAttention(AttentionBackend):
     backend = "torch"
     store_kv = staticmethod(torch_ref.store_kv)
 
+    def __init__(self, pool: PagePool, all_rows: bool = False) -> None:
+        super().__init__(pool)
+        if all_rows and cpu_kernels.load() is None:
+            raise ValueError("deterministic inference needs radixrt's C++ CPU kernels, which are not built here "
+                             "(radixrt env shows why)")
+        self.all_rows = all_rows
+
     def rope_and_store(self, layer: int, rotary: RotaryEmbedding, positions: torch.Tensor, q: torch.Tensor,
                        k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = self.pool.k_caches[layer], self.pool.v_caches[layer]
@@ -37,9 +49,8 @@ class TorchAttention(AttentionBackend):
             return q
         return super().rope_and_store(layer, rotary, positions, q, k, v, batch)
 
-    @staticmethod
-    def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, sm_scale: float,
-               sliding_window: int) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
+               sm_scale: float, sliding_window: int) -> torch.Tensor:
         """Requests of a mixed batch with a few new tokens (a decode, a verify step) take the batched decode path
         (and its cascade), a row per token: attending one query per request through the extend loop costs a whole
         gather and call each, and the decode kernel gives a row the same bits whatever shares its batch."""
@@ -47,7 +58,7 @@ class TorchAttention(AttentionBackend):
             return _decode(q, k_cache, v_cache, batch.page_table, batch.seq_lens, batch.attn_cache,
                            ("decode", sliding_window), sm_scale, sliding_window)
         if "rows" not in batch.attn_cache:
-            batch.attn_cache["rows"] = DecodeRows.of(batch)
+            batch.attn_cache["rows"] = DecodeRows.of(batch, always=self.all_rows)
         rows = batch.attn_cache["rows"]
         if rows is not None:
             return _decode(q, k_cache, v_cache, rows.page_table, rows.seq_lens, batch.attn_cache,
@@ -86,8 +97,10 @@ class DecodeRows:
     seq_lens: torch.Tensor
 
     @classmethod
-    def of(cls, batch: ForwardBatch) -> "DecodeRows | None":
-        if int(batch.extend_lens.max()) > SHORT_EXTEND:
+    def of(cls, batch: ForwardBatch, always: bool = False) -> "DecodeRows | None":
+        """The batch's rows, or None where a request has more than :data:`SHORT_EXTEND` new tokens (``always``:
+        never None)."""
+        if not always and int(batch.extend_lens.max()) > SHORT_EXTEND:
             return None
         reqs, seq_lens = token_rows(batch)
         device = batch.page_table.device
