@@ -70,6 +70,8 @@ def add_bench_parser(commands) -> None:
     off.add_argument("--hf-batch-size", type=int, default=16)
     off.add_argument("--compare-no-cache", action="store_true",
                      help="also run with --disable-radix-cache in the same run")
+    off.add_argument("--compare-deterministic", action="store_true",
+                     help="also run with --enable-deterministic-inference in the same run")
     off.add_argument("--max-concurrency", type=int, default=None, help="conversations in flight (default: all)")
     off.set_defaults(run=_offline)
 
@@ -186,6 +188,8 @@ def _offline(args) -> int:
     runs = [("radixrt", {})]
     if args.compare_no_cache:
         runs.append(("radixrt no-cache", {"disable_radix_cache": True}))
+    if args.compare_deterministic:
+        runs.append(("radixrt deterministic", {"enable_deterministic_inference": True}))
     summaries = []
     workload = None
     engine = None

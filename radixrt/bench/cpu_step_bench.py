@@ -15,7 +15,9 @@ VM's drift between runs makes the fairer comparison;
 ``--ab-module-call`` for the layers called straight through their forward against nn.Module's call,
 ``--ab-extend-kernel`` for prefill attention in the C++ extend kernel against the runtime's choice (on an AMX
 CPU, torch's flash attention), and
-``--ab-bound-attributes`` for weights and submodules read as plain attributes against nn.Module's lookup.
+``--ab-bound-attributes`` for weights and submodules read as plain attributes against nn.Module's lookup, and
+``--ab-extend-rows`` for prefill attention as decode rows, a row per token (what ``--enable-deterministic-inference``
+runs; its linear layers are not switched here), against the runtime's choice.
 """
 
 from __future__ import annotations
@@ -72,7 +74,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="only compare weights and submodules as plain attributes vs nn.Module's lookup")
     parser.add_argument("--ab-extend-kernel", action="store_true",
                         help="only compare prefill attention in the C++ extend kernel vs the runtime's choice here")
+    parser.add_argument("--ab-extend-rows", action="store_true",
+                        help="only compare prefill attention as decode rows (deterministic inference) vs the default")
     args = parser.parse_args(argv)
+    if args.ab_extend_rows:
+        _ab_extend_rows(args)
+        return
     if args.ab_extend_kernel:
         _ab_extend_kernel(args)
         return
@@ -218,6 +225,18 @@ def _ab_extend_kernel(args) -> None:
 
     _ab_swapped(args, cpu_kernels, "paged_extend_usable",
                 {"C++ extend": forced, "runtime's choice": cpu_kernels.paged_extend_usable})
+
+
+def _ab_extend_rows(args) -> None:
+    """One runner, its prefill attention as decode rows (``TorchAttention.all_rows``, deterministic inference) and
+    where the runtime sends it by default, in turn."""
+    runner = _ab_runner(args)
+    print(f"{args.dtype}, {torch.get_num_threads()} threads")
+    try:
+        _time_interleaved(args, {"decode rows": (runner, lambda: setattr(runner.attention, "all_rows", True)),
+                                 "default": (runner, lambda: setattr(runner.attention, "all_rows", False))})
+    finally:
+        runner.attention.all_rows = False
 
 
 def _ab_module_call(args) -> None:
