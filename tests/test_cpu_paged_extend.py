@@ -89,6 +89,7 @@ def test_backend_extend_same_with_and_without_the_kernel(monkeypatch):
     from radixrt.model import torch_attention
 
     monkeypatch.setattr(torch_attention, "SHORT_EXTEND", 0)  # the extend path, not decode rows
+    monkeypatch.setattr(torch_attention, "TILED_ROWS_NEW", 0)
     page_size, d = 4, 64
     backend = TorchAttention(PagePool(KVLayout(1, 3, d, page_size, torch.bfloat16), num_pages=16))
     gen = torch.Generator().manual_seed(2)
@@ -126,7 +127,7 @@ def test_short_extends_run_as_decode_rows_with_extend_attention_s_result(dtype):
     batch = ForwardBatch.build(chunks, page_size)
     q = torch.randn(batch.positions.numel(), 9, d, generator=gen).to(dtype)
     out = backend.attend(q, backend.pool.k_caches[0], backend.pool.v_caches[0], batch, 0.125, 0)
-    assert batch.attn_cache["rows"] is not None
+    assert batch.attn_cache["as_rows"].all()
     ref = torch_ref.extend_attention(q.float(), backend.pool.k_caches[0].float(), backend.pool.v_caches[0].float(),
                                      batch.page_table, batch.prefix_lens, batch.extend_lens, 0.125, 0, {})
     tolerance = dict(atol=2e-5, rtol=1e-5) if dtype == torch.float32 else BF16_OUT
@@ -134,11 +135,30 @@ def test_short_extends_run_as_decode_rows_with_extend_attention_s_result(dtype):
     long = ForwardBatch.build([SeqChunk(list(range(SHORT_EXTEND + 1)), 2, list(range(16, 22)))], page_size)
     q = torch.randn(SHORT_EXTEND + 1, 9, d, generator=gen).to(dtype)
     backend.attend(q, backend.pool.k_caches[0], backend.pool.v_caches[0], long, 0.125, 0)
-    assert long.attn_cache["rows"] is None
+    tiled = dtype == torch.bfloat16 and cpu_kernels.decode_tiles_usable()  # longer rows pay on AMX tiles
+    assert bool(long.attn_cache["as_rows"].all()) is tiled
+
+
+def test_which_requests_attend_as_decode_rows():
+    """Up to SHORT_EXTEND new tokens everywhere; on AMX tiles chunks of up to TILED_ROWS_NEW new tokens over up to
+    TILED_ROWS_KEYS keys too; under deterministic inference every request."""
+    from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+    from radixrt.model.torch_attention import SHORT_EXTEND, TILED_ROWS_KEYS, TILED_ROWS_NEW, row_requests
+
+    def chunk(new: int, prefix: int) -> SeqChunk:
+        return SeqChunk([1] * new, prefix, list(range(-(-(prefix + new) // 16))))
+
+    batch = ForwardBatch.build([
+        chunk(SHORT_EXTEND, 5000), chunk(SHORT_EXTEND + 1, 0), chunk(TILED_ROWS_NEW, TILED_ROWS_KEYS - TILED_ROWS_NEW),
+        chunk(TILED_ROWS_NEW + 1, 0), chunk(100, TILED_ROWS_KEYS - 99), chunk(1, 9000),
+    ], 16)
+    assert row_requests(batch, tiled=False).tolist() == [True, False, False, False, False, True]
+    assert row_requests(batch, tiled=True).tolist() == [True, True, True, False, False, True]
+    assert row_requests(batch, tiled=False, always=True).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_mixed_batch_s_short_extends_get_the_bits_they_get_without_the_prefill(dtype):
+def test_a_mixed_batch_s_short_extends_get_the_bits_they_get_without_the_prefill(dtype, monkeypatch):
     """A prefill chunk beside a verify step and a decode: the verify and decode rows go through the decode kernel
     as they do in a batch of their own, so they get the same bits (a verify step's tokens do not depend on
     whether a prompt was being prefilled at the time); the prefill gets extend attention's result."""
@@ -148,6 +168,9 @@ def test_a_mixed_batch_s_short_extends_get_the_bits_they_get_without_the_prefill
 
     page_size, d = 16, 64
     backend = TorchAttention(PagePool(KVLayout(1, 3, d, page_size, dtype), num_pages=40))
+    from radixrt.model import torch_attention
+
+    monkeypatch.setattr(torch_attention, "TILED_ROWS_NEW", 0)  # the prefill's chunk attends as an extend on AMX too
     gen = torch.Generator().manual_seed(9)
     for cache in (backend.pool.k_caches[0], backend.pool.v_caches[0]):
         cache.copy_(torch.randn(cache.shape, generator=gen).to(dtype))
@@ -162,7 +185,7 @@ def test_a_mixed_batch_s_short_extends_get_the_bits_they_get_without_the_prefill
     caches = backend.pool.k_caches[0], backend.pool.v_caches[0]
     out_alone = backend.attend(q_short, *caches, alone, 0.125, 0)
     out_mixed = backend.attend(torch.cat([q_short[:4], q_prefill, q_short[4:]]), *caches, mixed, 0.125, 0)
-    assert alone.attn_cache["rows"] is not None and mixed.attn_cache["rows"] is None
+    assert alone.attn_cache["as_rows"].all() and mixed.attn_cache["as_rows"].tolist() == [True, False, True]
     assert torch.equal(out_mixed[:4], out_alone[:4]) and torch.equal(out_mixed[-1:], out_alone[4:])
     ref = torch_ref.extend_attention(torch.cat([q_short[:4], q_prefill, q_short[4:]]).float(), caches[0].float(),
                                      caches[1].float(), mixed.page_table, mixed.prefix_lens, mixed.extend_lens,

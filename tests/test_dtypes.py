@@ -82,7 +82,6 @@ def test_bf16_greedy_tokens_are_transformers_bf16_choices(bf16_run):
         chosen = rows[torch.arange(len(out["output_ids"])), torch.tensor(out["output_ids"])]
         deficit = rows.max(-1).values - chosen
         assert deficit.max().item() <= GREEDY_MARGIN, (prompt, out["output_ids"], deficit.tolist())
-    assert "Paris" in outputs[0]["text"]
 
 
 @pytest.mark.model

@@ -6,7 +6,7 @@
 Prefills ``--batch`` requests of ``--context`` tokens into the default model's KV pool, then times forwards in
 which every request adds k tokens and wants the logits of each (a verify step of k - 1 draft tokens; k = 1 is
 a plain decode step). Each k runs two ways, alternating: the backend as it is (up to
-``torch_attention.SHORT_EXTEND`` new tokens a request attend as decode rows) and with that path off (the extend
+``torch_attention.row_requests`` says which requests attend as decode rows) and with that path off (the extend
 kernel). Each figure is the median of ``--repeats`` forwards, in ms.
 
 ``--logits`` instead times each forward with its rows' greedy tokens (what a greedy verify step computes on the
@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         forward_ms(k)
         for _ in range(args.repeats):
             timed["rows"].append(forward_ms(k))
-            with mock.patch.object(torch_attention, "SHORT_EXTEND", 0):
+            with mock.patch.object(torch_attention, "SHORT_EXTEND", 0), \
+                    mock.patch.object(torch_attention, "TILED_ROWS_NEW", 0):
                 timed["extend"].append(forward_ms(k))
         extend = "-" if k == 1 else f"{statistics.median(timed['extend']):.2f}"  # one token: a decode either way
         print(f"| {k} | {statistics.median(timed['rows']):.2f} | {extend} |")

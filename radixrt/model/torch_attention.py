@@ -8,8 +8,11 @@ requests is read once), or with a sliding window the C++ paged decode (:mod:`rad
 when it is usable, else :mod:`radixrt.kernels.torch_ref`. An extend batch in bf16 runs the C++ paged extend
 where it is vectorized and the CPU has no AMX (AVX-512 builds: pages read in place, 2-3x torch's attention over
 gathered pages; with AMX torch's flash attention runs on the tiles, 3x this kernel), else the cascade extend, or
-``torch_ref`` with a sliding window. An extend batch of at most ``SHORT_EXTEND`` new tokens a request (a speculative verify step) runs as a decode with a row per token (:class:`DecodeRows`); in a
-mixed batch those requests do, and the rest run as an extend (:class:`MixedSplit`). What the page table implies
+``torch_ref`` with a sliding window. A request of at most ``SHORT_EXTEND`` new tokens (a speculative verify step)
+attends as a decode with a row per token (:class:`DecodeRows`), and so, where the decode kernel's products run on AMX
+tiles (bf16), does one of up to ``TILED_ROWS_NEW`` new tokens over up to ``TILED_ROWS_KEYS`` keys (a chat turn, a
+question about a cached document); in a mixed batch those requests do, and the rest run as an extend
+(:class:`MixedSplit`). What the page table implies
 is the same for every layer, so plans are derived once per forward and kept in ``batch.attn_cache``.
 
 Deterministic inference (``all_rows``): every extend runs as decode rows, whatever its length, on the C++ decode
@@ -57,18 +60,22 @@ class TorchAttention(AttentionBackend):
         if batch.is_decode:
             return _decode(q, k_cache, v_cache, batch.page_table, batch.seq_lens, batch.attn_cache,
                            ("decode", sliding_window), sm_scale, sliding_window)
-        if "rows" not in batch.attn_cache:
-            batch.attn_cache["rows"] = DecodeRows.of(batch, always=self.all_rows)
-        rows = batch.attn_cache["rows"]
-        if rows is not None:
+        as_rows = batch.attn_cache.get("as_rows")
+        if as_rows is None:
+            tiled = q.dtype == k_cache.dtype == torch.bfloat16 and cpu_kernels.decode_tiles_usable()
+            as_rows = batch.attn_cache["as_rows"] = row_requests(batch, tiled, self.all_rows)
+        if bool(as_rows.all()):
+            rows = batch.attn_cache.get("rows")
+            if rows is None:
+                rows = batch.attn_cache["rows"] = DecodeRows.of(batch)
             return _decode(q, k_cache, v_cache, rows.page_table, rows.seq_lens, batch.attn_cache,
                            ("rows", sliding_window), sm_scale, sliding_window)
-        split = batch.attn_cache.get("mixed")
-        if split is None:
-            split = batch.attn_cache["mixed"] = MixedSplit.of(batch)
-        if split.row_reqs.numel() == 0:
+        if not bool(as_rows.any()):
             return _extend(q, k_cache, v_cache, batch.page_table, batch.prefix_lens, batch.extend_lens,
                            batch.attn_cache, ("extend", sliding_window), sm_scale, sliding_window)
+        split = batch.attn_cache.get("mixed")
+        if split is None:
+            split = batch.attn_cache["mixed"] = MixedSplit.of(batch, as_rows)
         out = torch.empty_like(q)
         out[split.row_tokens] = _decode(
             q[split.row_tokens], k_cache, v_cache, batch.page_table[split.row_reqs], split.row_seq_lens,
@@ -85,6 +92,25 @@ class TorchAttention(AttentionBackend):
 # New tokens per request up to which an extend batch runs as decode rows (a speculative verify step, a short
 # prompt): at batch 8 over 500 keys, 2 rows a request took the extend kernel 0.82 ms a layer, 4x a decode's.
 SHORT_EXTEND = 16
+# Where the decode kernel multiplies on AMX tiles (bf16), a request's rows walk its pages together, 16 rows a tile:
+# on a 2-vCPU Xeon they beat torch's flash kernel on chunks of up to 512 new tokens a request over up to about 2,000
+# keys (32 x 64 new tokens 0.89x its time, 8 x 256 0.95x, 2 x 500 over 1,000 cached 0.77x), and lose past that
+# (2 x 1,024 new 1.05x; 100-500 new over 4,000 cached 1.20-1.26x) (docs/BENCHMARKS.md).
+TILED_ROWS_NEW = 512
+TILED_ROWS_KEYS = 2048
+
+
+def row_requests(batch: ForwardBatch, tiled: bool, always: bool = False) -> torch.Tensor:
+    """Which requests of an extend batch attend as decode rows (host, bool): those of at most :data:`SHORT_EXTEND`
+    new tokens; with ``tiled`` (the decode kernel on AMX tiles) also those of at most :data:`TILED_ROWS_NEW` new
+    tokens and :data:`TILED_ROWS_KEYS` keys; with ``always`` (deterministic inference) every one."""
+    new = batch.extend_lens.long().cpu()
+    if always:
+        return torch.ones_like(new, dtype=torch.bool)
+    rows = new <= SHORT_EXTEND
+    if tiled:
+        rows |= (new <= TILED_ROWS_NEW) & (batch.prefix_lens.long().cpu() + new <= TILED_ROWS_KEYS)
+    return rows
 
 
 @dataclass
@@ -97,11 +123,7 @@ class DecodeRows:
     seq_lens: torch.Tensor
 
     @classmethod
-    def of(cls, batch: ForwardBatch, always: bool = False) -> "DecodeRows | None":
-        """The batch's rows, or None where a request has more than :data:`SHORT_EXTEND` new tokens (``always``:
-        never None)."""
-        if not always and int(batch.extend_lens.max()) > SHORT_EXTEND:
-            return None
+    def of(cls, batch: ForwardBatch) -> "DecodeRows":
         reqs, seq_lens = token_rows(batch)
         device = batch.page_table.device
         return cls(page_table=batch.page_table[reqs.to(device)], seq_lens=seq_lens.int().to(device))
@@ -126,10 +148,10 @@ def _fused_rope_usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cach
 
 @dataclass
 class MixedSplit:
-    """A mixed batch's requests of at most :data:`SHORT_EXTEND` new tokens (decodes, verify steps) as decode rows,
-    a row per token (``row_*``: the row's request, its token and its length, as :class:`DecodeRows`), and the rest
-    (``extend_*``: request and token rows). A verify step's rows thus meet the decode kernel whether or not a
-    prefill chunk shares their batch, and get the bits a decode step would."""
+    """A mixed batch's requests that attend as decode rows (:func:`row_requests`: decodes, verify steps, short
+    chunks), a row per token (``row_*``: the row's request, its token and its length, as :class:`DecodeRows`), and
+    the rest (``extend_*``: request and token rows). A verify step's rows thus meet the decode kernel whether or not
+    a prefill chunk shares their batch, and get the bits a decode step would."""
 
     row_reqs: torch.Tensor
     row_tokens: torch.Tensor
@@ -138,8 +160,8 @@ class MixedSplit:
     extend_tokens: torch.Tensor
 
     @classmethod
-    def of(cls, batch: ForwardBatch) -> "MixedSplit":
-        short = batch.extend_lens.long().cpu() <= SHORT_EXTEND
+    def of(cls, batch: ForwardBatch, short: torch.Tensor) -> "MixedSplit":
+        """``short``: which requests attend as rows (host, bool)."""
         token_req, token_len = token_rows(batch)
         token_is_row = short[token_req]
         row_tokens = torch.nonzero(token_is_row).flatten()
