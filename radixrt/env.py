@@ -35,6 +35,8 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in [
            "thread or process (unset: process on CUDA, thread on a CPU)"),
     EnvVar("RADIXRT_DISABLE_PACKED_LINEAR", "0", "1: CPU linear layers run F.linear on unpacked weights"),
     EnvVar("RADIXRT_DISABLE_MALLOC_TUNING", "0", "1: leave glibc's allocator settings alone"),
+    EnvVar("RADIXRT_TILED_ROWS_NEW", "512", "new tokens a request up to which a prefill chunk attends as decode rows "
+           "where the CPU's decode kernel multiplies on AMX tiles (bf16); 0: up to 16, as on other CPUs"),
     EnvVar("RADIXRT_TRITON_AUTOTUNE", "1", "0: Triton kernels launch one fixed config instead of autotuning"),
     EnvVar("RADIXRT_TORCH_PROFILER_DIR", None, "where the server's /start_profile writes traces when the request "
            "names no folder (unset: SGLANG_TORCH_PROFILER_DIR, else /tmp)"),

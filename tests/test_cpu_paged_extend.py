@@ -192,3 +192,17 @@ def test_a_mixed_batch_s_short_extends_get_the_bits_they_get_without_the_prefill
                                      0.125, 0, {})
     tolerance = dict(atol=2e-5, rtol=1e-5) if dtype == torch.float32 else BF16_OUT
     torch.testing.assert_close(out_mixed.float(), ref, **tolerance)
+
+
+def test_the_tiled_rows_limit_is_read_from_the_environment():
+    import os
+    import subprocess
+    import sys
+
+    code = "from radixrt.model import torch_attention as t; print(t.TILED_ROWS_NEW)"
+    for value, want in (("0", "0"), (None, "512")):
+        env = {k: v for k, v in os.environ.items() if k != "RADIXRT_TILED_ROWS_NEW"}
+        if value is not None:
+            env["RADIXRT_TILED_ROWS_NEW"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixrt import env
 from radixrt.kernels import cpu_kernels, torch_cascade, torch_ref
 from radixrt.memory.page_pool import PagePool
 from radixrt.model.attention import AttentionBackend
@@ -95,8 +96,9 @@ SHORT_EXTEND = 16
 # Where the decode kernel multiplies on AMX tiles (bf16), a request's rows walk its pages together, 16 rows a tile:
 # on a 2-vCPU Xeon they beat torch's flash kernel on chunks of up to 512 new tokens a request over up to about 2,000
 # keys (32 x 64 new tokens 0.89x its time, 8 x 256 0.95x, 2 x 500 over 1,000 cached 0.77x), and lose past that
-# (2 x 1,024 new 1.05x; 100-500 new over 4,000 cached 1.20-1.26x) (docs/BENCHMARKS.md).
-TILED_ROWS_NEW = 512
+# (2 x 1,024 new 1.05x; 100-500 new over 4,000 cached 1.20-1.26x) (docs/BENCHMARKS.md). RADIXRT_TILED_ROWS_NEW=0
+# turns this off.
+TILED_ROWS_NEW = int(env.get("RADIXRT_TILED_ROWS_NEW"))
 TILED_ROWS_KEYS = 2048
 
 
