@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="only compare weights and submodules as plain attributes vs nn.Module's lookup")
     parser.add_argument("--ab-extend-kernel", action="store_true",
                         help="only compare prefill attention in the C++ extend kernel vs the runtime's choice here")
+    parser.add_argument("--cached-len", type=int, default=0,
+                        help="A/B modes: each prompt's first this many tokens are in the cache before the timed prefill")
     parser.add_argument("--ab-extend-rows", action="store_true",
                         help="only compare prefill attention as decode rows (deterministic inference) vs the default")
     args = parser.parse_args(argv)
@@ -194,7 +196,7 @@ def _chosen_under(kernel: str, dtype: torch.dtype) -> bool:
 
 def _ab_runner(args) -> ModelRunner:
     """The runner an A/B mode switches something in: room for ``--batch`` prompts of ``--prompt-len`` tokens."""
-    own = -(-(args.prompt_len + 2) // PAGE_SIZE)
+    own = -(-(args.cached_len + args.prompt_len + 2) // PAGE_SIZE)
     return ModelRunner(resolve_model_path(args.model), dtype=args.dtype, page_size=PAGE_SIZE,
                        num_pages=1 + args.batch * own)
 
@@ -260,23 +262,31 @@ def _ab_bound_attributes(args) -> None:
 
 def _time_interleaved(args, variants: dict[str, tuple[ModelRunner, Callable[[], None]]]) -> None:
     """A prefill chunk and a decode step of distinct prompts, the variants alternating ``--repeats`` times
-    (each variant's callable sets it up before its turn)."""
-    own = -(-(args.prompt_len + 2) // PAGE_SIZE)
+    (each variant's callable sets it up before its turn). With ``--cached-len`` each prompt's first tokens are
+    prefilled once, untimed, and the timed chunk is the rest."""
+    cached = args.cached_len
+    own = -(-(cached + args.prompt_len + 2) // PAGE_SIZE)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, 40000, (args.prompt_len,), generator=gen).tolist()
     pages = [list(range(1 + r * own, 1 + (r + 1) * own)) for r in range(args.batch)]
     per_chunk = max(1, CHUNK // args.prompt_len)
+    runners = list({id(runner): runner for runner, _ in variants.values()}.values())
+    for r in range(args.batch if cached else 0):
+        head = torch.randint(100, 40000, (cached,), generator=gen).tolist()  # distinct cached prefixes
+        for runner in runners:
+            runner.forward(ForwardBatch.build([SeqChunk(head, 0, pages[r])], PAGE_SIZE))
 
     def prefill(runner: ModelRunner) -> None:
         rows = range(min(per_chunk, args.batch))
-        runner.forward(ForwardBatch.build([SeqChunk(prompt, 0, pages[r]) for r in rows], PAGE_SIZE))
+        runner.forward(ForwardBatch.build([SeqChunk(prompt, cached, pages[r]) for r in rows], PAGE_SIZE))
 
     def decode(runner: ModelRunner) -> None:
-        runner.forward(ForwardBatch.build([SeqChunk([5], args.prompt_len, pages[r]) for r in range(args.batch)],
-                                          PAGE_SIZE))
+        runner.forward(ForwardBatch.build([SeqChunk([5], cached + args.prompt_len, pages[r])
+                                           for r in range(args.batch)], PAGE_SIZE))
 
-    for name, fn in ((f"prefill {min(per_chunk, args.batch)} x {args.prompt_len} tokens", prefill),
-                     (f"decode step, batch {args.batch}, context {args.prompt_len}", decode)):
+    after = f" after {cached} cached" if cached else ""
+    for name, fn in ((f"prefill {min(per_chunk, args.batch)} x {args.prompt_len} tokens{after}", prefill),
+                     (f"decode step, batch {args.batch}, context {cached + args.prompt_len}", decode)):
         times: dict[str, list[float]] = {label: [] for label in variants}
         for _ in range(args.repeats):
             for label, (runner, setup) in variants.items():
