@@ -94,10 +94,9 @@ class TorchAttention(AttentionBackend):
 # prompt): at batch 8 over 500 keys, 2 rows a request took the extend kernel 0.82 ms a layer, 4x a decode's.
 SHORT_EXTEND = 16
 # Where the decode kernel multiplies on AMX tiles (bf16), a request's rows walk its pages together, 16 rows a tile:
-# on a 2-vCPU Xeon they beat torch's flash kernel on chunks of up to 512 new tokens a request over up to about 2,000
-# keys (32 x 64 new tokens 0.89x its time, 8 x 256 0.95x, 2 x 500 over 1,000 cached 0.77x), and lose past that
-# (2 x 1,024 new 1.05x; 100-500 new over 4,000 cached 1.20-1.26x) (docs/BENCHMARKS.md). RADIXRT_TILED_ROWS_NEW=0
-# turns this off.
+# on a 2-vCPU Xeon a chunk's forward takes 0.91-1.02x the flash kernel's time up to 512 new tokens a request over up
+# to about 1,500 keys, 1.04-1.37x past that, and workloads of short chunks over cached prefixes gain 2-7% of output
+# (docs/BENCHMARKS.md). RADIXRT_TILED_ROWS_NEW=0 turns this off.
 TILED_ROWS_NEW = int(env.get("RADIXRT_TILED_ROWS_NEW"))
 TILED_ROWS_KEYS = 2048
 
