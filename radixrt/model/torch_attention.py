@@ -12,8 +12,8 @@ gathered pages; with AMX torch's flash attention runs on the tiles, 3x this kern
 attends as a decode with a row per token (:class:`DecodeRows`), and so, where the decode kernel's products run on AMX
 tiles (bf16), does one of up to ``TILED_ROWS_NEW`` new tokens over up to ``TILED_ROWS_KEYS`` keys (a chat turn, a
 question about a cached document); in a mixed batch those requests do, and the rest run as an extend
-(:class:`MixedSplit`). What the page table implies
-is the same for every layer, so plans are derived once per forward and kept in ``batch.attn_cache``.
+(:class:`MixedSplit`). What the page table implies is the same for every layer, so plans are derived once per
+forward and kept in ``batch.attn_cache``.
 
 Deterministic inference (``all_rows``): every extend runs as decode rows, whatever its length, on the C++ decode
 kernel. A token's attention then takes the same sums whether its prompt came whole, in chunks, after a cached
