@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ab-extend-kernel", action="store_true",
                         help="only compare prefill attention in the C++ extend kernel vs the runtime's choice here")
     parser.add_argument("--cached-len", type=int, default=0,
-                        help="A/B modes: each prompt's first this many tokens are in the cache before the timed prefill")
+                        help="A/B modes: each prompt's first this many tokens are cached before the timed prefill")
     parser.add_argument("--ab-extend-rows", action="store_true",
                         help="only compare prefill attention as decode rows (deterministic inference) vs the default")
     args = parser.parse_args(argv)

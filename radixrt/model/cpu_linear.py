@@ -108,7 +108,8 @@ def _row_invariant_kernel(weight: torch.Tensor) -> str:
     if weight.dtype == torch.bfloat16 and fits_pairs and cpu_kernels.linear_bf16_built():
         return "bf16"
     needs = {torch.float32: "radixrt's fp32 panel kernel (AVX2 with FMA)",
-             torch.bfloat16: "radixrt's bf16 kernels (AVX512-BF16 or AMX)"}.get(weight.dtype, "a float32 or bfloat16 model")
+             torch.bfloat16: "radixrt's bf16 kernels (AVX512-BF16 or AMX)"}
+    needs = needs.get(weight.dtype, "a float32 or bfloat16 model")
     raise ValueError(f"deterministic inference needs {needs} for a {weight.dtype} weight of shape "
                      f"{tuple(weight.shape)}, and this CPU or build has none: try --dtype float32")
 
