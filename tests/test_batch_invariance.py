@@ -19,11 +19,9 @@ import torch
 
 from radixrt.kernels import cpu_kernels
 from radixrt.model import cpu_linear
-from radixrt.protocol.messages import BatchTokenOut, GenerateReq
 from radixrt.sampling.params import SamplingParams
-from radixrt.server_args import ServerArgs
+from exact_runs import logprob_runs
 
-PAGE = 16
 NEW_TOKENS = 40
 
 OWN_KERNELS = {
@@ -39,35 +37,11 @@ KERNEL = {"bfloat16": "amx" if cpu_linear.prefers_amx(cpu_kernels.cpu_flags()) e
 def decode(folder, dtype: str, prompts: list[list[int]], together: bool, speculative: bool
            ) -> tuple[list[list], int]:
     """Greedy tokens of each prompt with their logprobs and top-5 logprobs (all submitted at once, or each after
-    the previous finished), and how many draft tokens were accepted. The logprobs come from the logits' exact
-    bits: a change in rounding shows there even where it flips no token."""
-    from radixrt.model.runner import ModelRunner
-    from radixrt.scheduler.scheduler import Scheduler
-
-    out: dict[str, list] = {}
-
-    def sink(batch: BatchTokenOut) -> None:
-        for delta in batch.deltas:
-            out.setdefault(delta.rid, []).extend(zip(delta.new_ids, delta.output_logprobs or [],
-                                                     delta.output_top_logprobs or [], strict=True))
-
-    runner = ModelRunner(folder, dtype=dtype, page_size=PAGE, num_pages=128)
-    args = ServerArgs(log_interval=0, page_size=PAGE, debug_checks=True,
-                      speculative_algorithm="NGRAM" if speculative else None)
-    scheduler = Scheduler(args, runner, None, {0}, sink)
+    the previous finished), and how many draft tokens were accepted."""
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
-
-    def run() -> None:
-        while scheduler.step() or not scheduler.idle:
-            pass
-
-    for i, ids in enumerate(prompts):
-        scheduler.submit(GenerateReq(f"r{i}", ids, params, return_logprob=True, top_logprobs_num=5))
-        if not together:
-            run()
-    run()
-    accepted = scheduler.speculator.accepted if speculative else 0
-    return [out[f"r{i}"] for i in range(len(prompts))], accepted
+    requests = [(ids, params) for ids in prompts]
+    groups = [requests] if together else [[request] for request in requests]
+    return logprob_runs(folder, dtype, groups, speculative=speculative)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -18,11 +18,10 @@ import torch
 
 from radixrt.kernels import cpu_kernels
 from radixrt.model import cpu_linear
-from radixrt.protocol.messages import BatchTokenOut, GenerateReq
 from radixrt.sampling.params import SamplingParams
 from radixrt.server_args import ServerArgs
+from exact_runs import logprob_runs
 
-PAGE = 16
 NEW_TOKENS = 24
 # A prompt with a repeating stretch (n-gram drafts get accepted) and text of its own around it.
 PROMPT = [3 + (i * 11) % 97 for i in range(40)] + [1 + (i * 7) % 23 for i in range(70)] + list(range(30, 70))
@@ -38,36 +37,11 @@ def run(folder, dtype: str, batch: list[tuple[list[int], SamplingParams]], deter
         cached: list[int] | None = None, chunk: int = 2048, speculative: bool = False) -> list[list]:
     """Each request of ``batch`` (submitted together) as its tokens with their logprobs and top-5 logprobs; first,
     on its own, ``cached`` (a prompt whose pages the radix cache then holds)."""
-    from radixrt.model.runner import ModelRunner
-    from radixrt.scheduler.scheduler import Scheduler
-
-    out: dict[str, list] = {}
-
-    def sink(msg: BatchTokenOut) -> None:
-        for delta in msg.deltas:
-            if delta.rid == "cached":
-                continue
-            out.setdefault(delta.rid, []).extend(zip(delta.new_ids, delta.output_logprobs or [],
-                                                     delta.output_top_logprobs or [], strict=True))
-
-    runner = ModelRunner(folder, dtype=dtype, page_size=PAGE, num_pages=128, deterministic=deterministic)
-    args = ServerArgs(log_interval=0, page_size=PAGE, chunked_prefill_size=chunk, debug_checks=True,
-                      speculative_algorithm="NGRAM" if speculative else None)
-    scheduler = Scheduler(args, runner, None, {0}, sink)
-
-    def drain() -> None:
-        while scheduler.step() or not scheduler.idle:
-            pass
-
-    if cached is not None:
-        scheduler.submit(GenerateReq("cached", cached, SamplingParams(max_new_tokens=1, ignore_eos=True)))
-        drain()
-    for i, (ids, params) in enumerate(batch):
-        scheduler.submit(GenerateReq(f"r{i}", ids, params, return_logprob=True, top_logprobs_num=5))
-    drain()
+    outputs, accepted = logprob_runs(folder, dtype, [batch], deterministic=deterministic, chunk=chunk,
+                                     speculative=speculative, cached=cached)
     if speculative:
-        assert scheduler.speculator.accepted > 0, "the drafts must really be verified for the comparison to mean much"
-    return [out[f"r{i}"] for i in range(len(batch))]
+        assert accepted > 0, "the drafts must really be verified for the comparison to mean much"
+    return outputs
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
