@@ -311,10 +311,15 @@ def test_spec_bench_reads_each_vllm_method_and_prints_its_columns(tmp_path, caps
 
 
 @pytest.mark.model
-def test_spec_bench_runs_both_ways_with_the_same_tokens(tmp_path, capsys):
+def test_spec_bench_runs_both_ways_with_the_same_tokens(tmp_path, capsys, monkeypatch):
     import argparse
 
     from radixrt.bench import spec_bench
+    from radixrt.scheduler.speculation import StepCost
+
+    # the cost a draft token is weighed at comes from timed steps; a machine that stalls while the suite runs can
+    # fit it near 1 and leave a 24-token run without drafts: this test is about the bench, so the cost is fixed
+    monkeypatch.setattr(StepCost, "token_cost", lambda self, batch: 0.125)
 
     parser = argparse.ArgumentParser()
     spec_bench.add_arguments(parser)
@@ -332,7 +337,7 @@ def test_spec_bench_runs_both_ways_with_the_same_tokens(tmp_path, capsys):
     assert set(rows) == {"extraction", "random"}
     for row in rows.values():  # fp32: speculation changes no token, greedy or seeded sampling
         assert row["same_outputs"] == "1/1" and row["off_tok_s"] > 0 and row["on_tok_s"] > 0
-        assert 0.0 < row["token_cost"] <= 1.0  # what the drafting policy took a draft token to cost
+        assert row["token_cost"] == 0.125  # what the drafting policy took a draft token to cost
     assert rows["extraction"]["accept_length"] > 1.0  # the invoice's fields are copied from the prompt
 
 
