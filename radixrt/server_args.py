@@ -37,7 +37,8 @@ DTYPES = ("auto", "bfloat16", "float32", "float16", "half", "float", "bf16", "fp
 DEVICES = ("cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "torch_native", "triton")
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
-TOOL_CALL_PARSERS = ("auto", "hermes", "qwen", "qwen25", "qwen3", "llama3", "llama3_json", "llama", "mistral")
+TOOL_CALL_PARSERS = ("auto", "hermes", "qwen", "qwen25", "qwen3", "llama3", "llama3_json", "llama", "mistral",
+                     "pythonic", "llama4", "llama4_pythonic")
 REASONING_PARSERS = ("deepseek-r1", "qwen3", "qwen3-thinking")
 ENGINE_SCHEDULERS = ("auto", "thread", "process")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -112,7 +113,7 @@ class ServerArgs:
     max_messages: int = field(default=1024, metadata={"help": "most messages in one chat request"})
     max_tools: int = field(default=128, metadata={"help": "most tools in one chat request"})
     # ----- tool calling (docs/FEATURES.md) -----
-    tool_call_parser: str = field(default="auto", metadata={"help": "tool-call format: auto (from the chat template), hermes (also qwen, qwen25, qwen3), llama3 (also llama3_json, llama), mistral", "choices": TOOL_CALL_PARSERS})
+    tool_call_parser: str = field(default="auto", metadata={"help": "tool-call format: auto (from the chat template), hermes (also qwen, qwen25, qwen3), llama3 (also llama3_json, llama), mistral, pythonic (also llama4, llama4_pythonic)", "choices": TOOL_CALL_PARSERS})
     disable_tool_call_constraints: bool = field(default=False, metadata={"help": "let the model write tool calls freely instead of under each tool's JSON schema"})
     log_requests: bool = field(default=False, metadata={"help": "log each request's prompt and output text (off: sizes and timings only)"})
     # ----- reasoning models (docs/FEATURES.md) -----

@@ -124,8 +124,32 @@ MISTRAL_CASES = [
     ("", "", []),
 ]
 
+PYTHONIC_CASES = [
+    ('[get_weather(city="Paris", days=[1, 2])]', "", [WA]),
+    ("[add(a=1, b=2), get_weather(city='Paris', days=(1, 2))]", "", [AA, WA]),
+    ('\n [ add( a = 1 , b=2 ,) ]', "\n ", [AA]),
+    ("[f(x=True, y=None, z=false, w={'k': -1.5})]", "", [("f", '{"x": true, "y": null, "z": false, "w": {"k": -1.5}}')]),
+    ("[f(s=\"a, b) [c]\", t='it\\'s')] after", " after", [("f", '{"s": "a, b) [c]", "t": "it\'s"}')]),
+    ("[ping()]", "", [("ping", "{}")]),
+    ("Sure: [add(a=1, b=2)]", "Sure: [add(a=1, b=2)]", []),
+    ("[1, 2]", "[1, 2]", []),
+    ("[x]", "[x]", []),
+    ("[ad", "[ad", []),
+    ("[", "[", []),
+    ("[add(a=1, b=foo)]", ")]", [("add", '{"a": 1}')]),  # not a literal: the call ends, the rest is content
+    ("[add(1, 2)]", "1, 2)]", [("add", "{}")]),
+    ("[add(a=1, b=2", "", [("add", '{"a": 1}')]),  # cut inside a value: its whole arguments only
+    ("[add(a=1, b=2), ", "", [AA]),
+    ("[add(a=1, b=2)] [ping()]", " [ping()]", [AA]),
+    ("[add(a=1, b=2)]; more", "; more", [AA]),
+    ("[add(a=1, b=2) oops", " oops", [AA]),
+    ("[f(a=1.5e3, b=-2, c=[[]], d={})]", "", [("f", '{"a": 1500.0, "b": -2, "c": [[]], "d": {}}')]),
+    ("[f(a=float('nan'))]", ")]", [("f", "{}")]),
+    ("", "", []),
+]
+
 CASES = [("hermes", c) for c in HERMES_CASES] + [("llama3", c) for c in LLAMA3_CASES] + \
-        [("mistral", c) for c in MISTRAL_CASES]
+        [("mistral", c) for c in MISTRAL_CASES] + [("pythonic", c) for c in PYTHONIC_CASES]
 
 
 @pytest.mark.parametrize("family,case", CASES, ids=[f"{f}-{i}" for i, (f, _) in enumerate(CASES)])
@@ -147,7 +171,7 @@ def test_several_whole_calls_in_one_piece_then_more(family):
     assert parser.finish().calls == []
 
 
-@pytest.mark.parametrize("family", sorted(FORMATS))
+@pytest.mark.parametrize("family", sorted(set(FORMATS) - {"pythonic"}))
 def test_arguments_stream_before_the_call_ends(family):
     fmt = FORMATS[family]
     text = fmt.render_call("get_weather", '{"city": "Paris", "unit": "celsius"}')
@@ -158,6 +182,28 @@ def test_arguments_stream_before_the_call_ends(family):
     assert head.calls[0].arguments == '{"city": "Par'
     tail = parser.feed(text[cut:])
     assert [(d.index, d.id, d.name, d.arguments) for d in tail.calls] == [(0, None, None, 'is", "unit": "celsius"}')]
+
+
+def test_pythonic_arguments_stream_one_keyword_argument_at_a_time():
+    """A Python literal becomes JSON once it is whole: the name comes at "(", each argument as its value ends."""
+    parser = FORMATS["pythonic"].parser()
+    assert parser.feed("[get_weat").calls == []
+    assert [(d.name, d.arguments) for d in parser.feed("her(").calls] == [("get_weather", "")]
+    assert parser.feed("city='Par").calls == []
+    assert [(d.index, d.name, d.arguments) for d in parser.feed("is', ").calls] == [(0, None, '{"city": "Paris"')]
+    tail = parser.feed('unit="celsius")]').calls
+    assert [(d.index, d.id, d.arguments) for d in tail] == [(0, None, ', "unit": "celsius"}')]
+
+
+def test_pythonic_literals_become_json():
+    from radixrt.tools.pythonic import literal_value
+
+    assert literal_value("{'a': (1, -2.5), \"b\": [True, None, 'x']}") == {"a": [1, -2.5], "b": [True, None, "x"]}
+    assert literal_value("true") is True and literal_value("null") is None
+    assert literal_value("'a' 'b'") == "ab"
+    for bad in ("foo", "f(1)", "{1: 2}", "{**x}", "1 + 2", "float('inf')", "1e999", "[" * 5000, "{1, 2}", ""):
+        with pytest.raises(ValueError):
+            literal_value(bad)
 
 
 def test_the_name_waits_for_its_closing_quote():
@@ -183,6 +229,8 @@ FRAGMENTS = {
                ",", '"', "\\", " ", "\n", "text", ":"],
     "mistral": ["[TOOL_CALLS]", "[TOOL", "[", "]", '{"name": "f"', '"arguments": ', '{"a": [1, "}"]}', "}", "{",
                 ", ", '"', "\\", " ", "text", ":"],
+    "pythonic": ["[", "]", "f(", "g", "(", ")", "a=", "=", "1", "'x, )'", '"', "'", "\\", "[1, {'k': ()}]",
+                 ", ", ",", " ", "\n", "True", "foo", "text"],
 }
 
 
@@ -295,6 +343,27 @@ def test_canonical_calls_match_the_constraint(family):
         bad = fmt.render_call("add", '{"a":300,"b":true}')
         assert not regex.fullmatch(bad)
     assert fmt.constraint_regex(TOOLS, ToolChoice("none"), True) is None
+
+
+def test_pythonic_constraint_writes_python_literals_and_refuses_what_it_cannot_express():
+    from radixrt.protocol.errors import RequestError
+
+    fmt = FORMATS["pythonic"]
+    tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {
+            "flag": {"type": ["boolean", "null"]}, "mode": {"enum": ["a", True, None]},
+            "opts": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]},
+            "any": {}}, "required": ["flag", "mode", "opts"]}}}])
+    regex = re.compile(fmt.constraint_regex(tools, ToolChoice("required"), False))
+    assert regex.fullmatch('[f(flag=None, mode=True, opts={"on":False})]')
+    assert regex.fullmatch('[f(flag=True, mode="a", opts={"on":True}, any=[1,None])]')
+    assert not regex.fullmatch('[f(flag=null, mode=true, opts={"on":false})]')
+    assert not regex.fullmatch('[f(mode=None, flag=None, opts={"on":False})]')  # the schema's order
+    for parameters, needle in [({"anyOf": [{"type": "object"}]}, "anyOf"),
+                               ({"type": "object", "properties": {"a-b": {"type": "string"}}}, "a-b")]:
+        bad = parse_tools([{"type": "function", "function": {"name": "g", "parameters": parameters}}])
+        with pytest.raises(RequestError, match=needle):
+            fmt.constraint_regex(bad, ToolChoice("auto"), True)
 
 
 def test_hermes_auto_allows_text_then_calls_but_no_marker_in_text():

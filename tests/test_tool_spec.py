@@ -126,6 +126,8 @@ CHATML = "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ mes
     ("hermes", "[TOOL_CALLS]", "hermes"),
     ("qwen25", None, "hermes"),
     ("llama3_json", None, "llama3"),
+    ("llama4", None, "pythonic"),
+    ("auto", "{{ '<|python_start|>' }}{% if tools %}{{ '[TOOL_CALLS]' }}{% endif %}", "pythonic"),
 ])
 def test_choose_format(parser, template, family):
     assert choose_format(parser, template).name == family
@@ -133,8 +135,8 @@ def test_choose_format(parser, template, family):
 
 def test_unknown_parser_lists_the_formats():
     with pytest.raises(ValueError) as info:
-        choose_format("pythonic", None)
-    assert "hermes" in str(info.value) and "llama3" in str(info.value) and "mistral" in str(info.value)
+        choose_format("deepseekv3", None)
+    assert all(name in str(info.value) for name in ("hermes", "llama3", "mistral", "pythonic"))
 
 
 def test_template_supports_tools():

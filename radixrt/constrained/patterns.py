@@ -246,9 +246,45 @@ def _bounded_number_regex(schema: dict) -> str | None:
 _ASCII_DATE = "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
 
 
-def _rewrite(schema: Any, replacements: dict[str, str]) -> Any:
+def python_literal(value: Any) -> str:
+    """``value`` (a JSON value) as Python source: True, False and None for JSON's words, strings and numbers as
+    JSON writes them (valid Python, the same value), lists and dicts element by element."""
+    if value is True or value is False or value is None:
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(python_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = (json.dumps(str(k), ensure_ascii=False) + ": " + python_literal(v) for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _python_literal_regex(schema: dict) -> str | None:
+    """Where JSON's and Python's spellings differ (booleans, null; a const or enum holding them), the regex of the
+    value as Python writes it; None elsewhere."""
+    if "const" in schema:
+        return escape(python_literal(schema["const"]))
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return "(" + "|".join(escape(python_literal(v)) for v in schema["enum"]) + ")"
+    kind = schema.get("type")
+    if kind == "boolean":
+        return "(True|False)"
+    if kind == "null":
+        return "None"
+    return None
+
+
+def _rewrite(schema: Any, replacements: dict[str, str], python: bool = False) -> Any:
     if not isinstance(schema, dict):
         return schema
+    if python and isinstance(schema.get("type"), list):
+        rest = {k: v for k, v in schema.items() if k != "type"}
+        schema = {"anyOf": [rest | {"type": kind} for kind in schema["type"]]}
+    literal = _python_literal_regex(schema) if python else None
+    if literal is not None:
+        key = _PLACEHOLDER.format(len(replacements))
+        replacements[key] = literal
+        return {"const": key}
     if schema.get("type") == "string" and schema.get("format") == "date" and "pattern" not in schema:
         # outlines-core spells the year \d{4}, which the engine reads as any Unicode digit.
         schema = {k: v for k, v in schema.items() if k != "format"} | {"pattern": _ASCII_DATE}
@@ -260,13 +296,13 @@ def _rewrite(schema: Any, replacements: dict[str, str]) -> Any:
     out = dict(schema)
     for name in _SUBSCHEMA_LISTS:
         if isinstance(out.get(name), list):
-            out[name] = [_rewrite(s, replacements) for s in out[name]]
+            out[name] = [_rewrite(s, replacements, python) for s in out[name]]
     for name in _SUBSCHEMA_MAPS:
         if isinstance(out.get(name), dict):
-            out[name] = {k: _rewrite(s, replacements) for k, s in out[name].items()}
+            out[name] = {k: _rewrite(s, replacements, python) for k, s in out[name].items()}
     for name in _SUBSCHEMA_ONE:
         if isinstance(out.get(name), dict):
-            out[name] = _rewrite(out[name], replacements)
+            out[name] = _rewrite(out[name], replacements, python)
     return out
 
 
@@ -295,8 +331,10 @@ def parse_json_schema(spec: Any) -> Any:
     return schema
 
 
-def json_schema_regex(spec: Any, whitespace_pattern: str | None = None) -> str:
-    """Regex for the JSON documents ``spec`` describes, or ``ValueError`` naming the problem."""
+def json_schema_regex(spec: Any, whitespace_pattern: str | None = None, python_literals: bool = False) -> str:
+    """Regex for the JSON documents ``spec`` describes, or ``ValueError`` naming the problem. With
+    ``python_literals`` the values are written as Python literals instead (True, False and None for JSON's words,
+    wherever the schema names a boolean, null, const or enum; what it leaves open, an untyped value, stays JSON)."""
     from outlines_core import json_schema as outlines_json_schema
 
     build_regex_from_schema = outlines_json_schema.build_regex_from_schema
@@ -304,11 +342,11 @@ def json_schema_regex(spec: Any, whitespace_pattern: str | None = None) -> str:
     schema = parse_json_schema(spec)
     if schema is True or schema == {} or schema == {"type": "object"}:
         # Any JSON (object): outlines' own regex for it takes tens of seconds to index.
-        return json_object_regex(whitespace_pattern)
+        return json_object_regex(whitespace_pattern, python_literals)
     if schema is False:
         raise ValueError("invalid JSON schema: false matches no document")
     replacements: dict[str, str] = {}
-    rewritten = _rewrite(schema, replacements)
+    rewritten = _rewrite(schema, replacements, python_literals)
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern)
     except (ValueError, TypeError) as exc:
@@ -326,10 +364,11 @@ _NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
 _DEFAULT_WS = r"[ ]?"  # outlines-core's default between JSON tokens
 
 
-def json_object_regex(whitespace_pattern: str | None = None) -> str:
-    """Any JSON object, values nested up to two levels (deeper nesting makes the DFA explode)."""
+def json_object_regex(whitespace_pattern: str | None = None, python_literals: bool = False) -> str:
+    """Any JSON object, values nested up to two levels (deeper nesting makes the DFA explode); with
+    ``python_literals`` True, False and None in place of JSON's words."""
     _WS = _DEFAULT_WS if whitespace_pattern is None else whitespace_pattern
-    scalar = f"({_STRING}|{_NUMBER}|true|false|null)"
+    scalar = f"({_STRING}|{_NUMBER}|{'True|False|None' if python_literals else 'true|false|null'})"
 
     def obj(value: str) -> str:
         member = f"{_STRING}{_WS}:{_WS}{value}"
@@ -340,6 +379,14 @@ def json_object_regex(whitespace_pattern: str | None = None) -> str:
 
     level1 = f"({scalar}|{obj(scalar)}|{arr(scalar)})"
     return obj(level1)
+
+
+def any_value_regex(whitespace_pattern: str | None = None, python_literals: bool = False) -> str:
+    """Any JSON value: a scalar, or an object or array nested as :func:`json_object_regex` nests them."""
+    _WS = _DEFAULT_WS if whitespace_pattern is None else whitespace_pattern
+    scalar = f"({_STRING}|{_NUMBER}|{'True|False|None' if python_literals else 'true|false|null'})"
+    array = rf"\[{_WS}({scalar}({_WS},{_WS}{scalar})*)?{_WS}\]"
+    return f"({scalar}|{array}|{json_object_regex(whitespace_pattern, python_literals)})"
 
 
 # ---------------------------------------------------------------- one entry point (torch-free)

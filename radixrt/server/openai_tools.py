@@ -21,7 +21,8 @@ from radixrt.tools.spec import Tool, ToolChoice, parse_tool_choice, parse_tools
 
 # SGLang's and vLLM's --tool-call-parser names for the formats radixrt parses.
 PARSER_ALIASES = {"auto": None, "hermes": "hermes", "qwen": "hermes", "qwen25": "hermes", "qwen3": "hermes",
-                  "llama3": "llama3", "llama3_json": "llama3", "llama": "llama3", "mistral": "mistral"}
+                  "llama3": "llama3", "llama3_json": "llama3", "llama": "llama3", "mistral": "mistral",
+                  "pythonic": "pythonic", "llama4": "pythonic", "llama4_pythonic": "pythonic"}
 
 
 def tool_format(parser: str, chat_template: Any) -> tuple[ToolCallFormat, bool]:

@@ -1,8 +1,8 @@
 """The tool-call format families and how a server picks one.
 
-``FORMATS`` maps each family's name (hermes, llama3, mistral) to its stateless ``ToolCallFormat``.
+``FORMATS`` maps each family's name (hermes, llama3, mistral, pythonic) to its stateless ``ToolCallFormat``.
 ``choose_format`` takes ``--tool-call-parser`` (a family name or an SGLang/vLLM alias; None or "auto" reads
-the chat template: ``[TOOL_CALLS]`` is mistral, ``<|python_tag|>`` or an ``ipython`` header is llama3, anything
+the chat template: ``<|python_start|>`` is pythonic, ``[TOOL_CALLS]`` is mistral, ``<|python_tag|>`` or an ``ipython`` header is llama3, anything
 else hermes, which is also the fallback for templates without tool support). ``template_supports_tools``
 says whether a Jinja chat template renders ``tools`` itself; ``messages_for_template`` (radixrt.tools.messages)
 prepares OpenAI messages for it. Torch-free.
@@ -17,11 +17,13 @@ from radixrt.tools.hermes import Hermes
 from radixrt.tools.llama3 import Llama3
 from radixrt.tools.messages import messages_for_template
 from radixrt.tools.mistral import Mistral
+from radixrt.tools.pythonic import Pythonic
 
 __all__ = ["FORMATS", "ToolCallFormat", "choose_format", "messages_for_template", "template_supports_tools"]
 
-FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), Llama3(), Mistral())}
-ALIASES = {"qwen": "hermes", "qwen25": "hermes", "qwen3": "hermes", "llama3_json": "llama3", "llama": "llama3"}
+FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), Llama3(), Mistral(), Pythonic())}
+ALIASES = {"qwen": "hermes", "qwen25": "hermes", "qwen3": "hermes", "llama3_json": "llama3", "llama": "llama3",
+           "llama4": "pythonic", "llama4_pythonic": "pythonic"}
 
 _TOOLS_WORD = re.compile(r"\btools\b")
 
@@ -36,6 +38,8 @@ def choose_format(parser_name: str | None, chat_template: str | None) -> ToolCal
                              f"{', '.join(['auto', *FORMATS])}")
         return FORMATS[key]
     template = chat_template or ""
+    if "<|python_start|>" in template:  # Llama 4
+        return FORMATS["pythonic"]
     if "[TOOL_CALLS]" in template:
         return FORMATS["mistral"]
     if "<|python_tag|>" in template or "<|start_header_id|>ipython" in template:
