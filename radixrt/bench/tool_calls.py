@@ -1,9 +1,10 @@
 """How often tool calls come back valid: a fixed set of prompts and tools through the official ``openai`` client.
 
-    radixrt bench tools [--num-prompts 50] [--tool-choice required] [--max-tokens 160]
+    radixrt bench tools [--num-prompts 50] [--tool-choice required] [--max-tokens 160] [--tool-call-parser P]
 
 Starts ``radixrt serve`` twice on the default model (greedy, float32): with tool calls generated under each
-tool's JSON schema (the default), then with ``--disable-tool-call-constraints``. Every prompt is asked twice
+tool's JSON schema (the default), then with ``--disable-tool-call-constraints``; ``--tool-call-parser`` picks
+the format the model is asked to write (the server's flag; default: from the chat template, hermes here). Every prompt is asked twice
 per server, as one answer and as a stream (whose deltas are put back together the way a client does). A
 call is valid when its name is one of the tools and its arguments parse as JSON and validate against that
 tool's schema; an answer is valid when it has at least one call and every call is valid.
@@ -184,6 +185,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-choice", default="required", help="required, auto, or a tool's name")
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--tool-call-parser", default="auto", help="the servers' --tool-call-parser")
     p.add_argument("--json", default=None, help="write the results to this file")
 
 
@@ -196,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = PROMPTS[: args.num_prompts]
     results = {}
     for label, extra in (("constrained", []), ("unconstrained", ["--disable-tool-call-constraints"])):
-        server = ServerProcess(["--dtype", args.dtype, "--log-interval", "0", *extra]).start()
+        server = ServerProcess(["--dtype", args.dtype, "--log-interval", "0", "--tool-call-parser",
+                                args.tool_call_parser, *extra]).start()
         try:
             results[label] = run_set(server.url, prompts, choice, args.max_tokens)
         finally:
@@ -208,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
                  if r['whole']['problems'] or r['stream']['problems'] else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"tool_choice": args.tool_choice, "prompts": len(prompts), **results}, f, indent=1)
+            json.dump({"tool_choice": args.tool_choice, "tool_call_parser": args.tool_call_parser,
+                       "prompts": len(prompts), **results}, f, indent=1)
     return 0
 
 
