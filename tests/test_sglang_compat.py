@@ -6,6 +6,7 @@ refused as before; /server_info and /model_info carry what SGLang's router reads
 from __future__ import annotations
 
 import logging
+import re
 
 import httpx
 import pytest
@@ -146,8 +147,27 @@ def test_generate_sampling_fields(http):
     assert by_sglang.json()["text"] == by_seed["text"]
     refused(http.post("/generate", json={"text": PROMPT, "sampling_params": {**GREEDY, "no_stop_trim": True}}),
             "no_stop_trim")
-    refused(http.post("/generate", json={"text": PROMPT, "sampling_params": {**GREEDY, "ebnf": "root ::= \"a\""}}),
-            "ebnf")
+
+
+EBNF = 'root ::= " " city "."\ncity ::= "Paris" | "Lyon" | [A-Z] [a-z]{2,6}'
+
+
+def test_ebnf_grammars_on_every_route(http):
+    from radixrt.constrained.ebnf import ebnf_regex
+
+    pattern = re.compile(ebnf_regex(EBNF))
+    params = {"max_new_tokens": 12, "temperature": 0, "ebnf": EBNF}
+    res = http.post("/generate", json={"text": PROMPT, "sampling_params": params})
+    assert res.status_code == 200 and pattern.fullmatch(res.json()["text"]), res.text
+    res = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ebnf": EBNF})
+    assert res.status_code == 200 and pattern.fullmatch(res.json()["choices"][0]["text"]), res.text
+    res = http.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 12, "ebnf": EBNF})
+    assert res.status_code == 200 and pattern.fullmatch(res.json()["choices"][0]["message"]["content"]), res.text
+    refused(http.post("/generate", json={"text": PROMPT, "sampling_params": {**GREEDY, "ebnf": 'root ::= "(" root'}}),
+            "recursive")
+    refused(http.post("/v1/chat/completions", json={"messages": MESSAGES, "ebnf": EBNF, "regex": "a"}),
+            "only one of")
+    assert http.post("/generate", json={"text": PROMPT, "sampling_params": GREEDY}).status_code == 200
 
 
 def test_misspelt_fields_are_still_refused(http):
@@ -175,7 +195,7 @@ def test_completion_takes_sglang_extras(http):
 
 @pytest.mark.parametrize("field,value", [
     ("no_stop_trim", True), ("continue_final_message", True),
-    ("lora_path", "adapter"), ("return_hidden_states", True), ("reasoning_effort", "low"), ("ebnf", "root ::= x"),
+    ("lora_path", "adapter"), ("return_hidden_states", True), ("reasoning_effort", "low"),
     ("reasoning", {"effort": "low"}),
 ])
 def test_chat_refuses_what_radixrt_cannot_do(http, field, value):

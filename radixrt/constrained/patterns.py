@@ -9,6 +9,7 @@ r"""Turning a request's constraint (regex, JSON schema, choices, any JSON object
   honoured conservatively (a subset of the valid numbers, no exponent). ``format: date`` gets an
   ASCII-digit pattern (outlines' ``\d`` would admit any Unicode digit).
 - choices: an alternation of the escaped strings.
+- ebnf: a grammar of rules inlined into one regex (radixrt.constrained.ebnf; recursion is refused).
 - whitespace between JSON tokens: ``GrammarCompiler(json_whitespace=...)``; the default "" (compact
   JSON) lets jump-forward force whole runs such as ``{"name":"``, which ``[ ]?`` would break up.
 - json_object: any JSON object, nested at most two levels deep (a bounded regex keeps the DFA small).
@@ -391,7 +392,7 @@ def any_value_regex(whitespace_pattern: str | None = None, python_literals: bool
 
 # ---------------------------------------------------------------- one entry point (torch-free)
 
-KINDS = ("regex", "json_schema", "json_object", "choices")
+KINDS = ("regex", "json_schema", "json_object", "choices", "ebnf")
 
 
 def engine_accepts_regex(regex: str) -> bool:
@@ -425,6 +426,10 @@ def normalise_constraint(kind: str, spec: Any, json_whitespace: str = "") -> tup
     if kind == "choices":
         regex = choices_regex(spec)
         return regex, regex
+    if kind == "ebnf":
+        from radixrt.constrained.ebnf import ebnf_regex
+
+        return spec, ebnf_regex(spec)
     raise ValueError(f"unknown constraint kind {kind!r} (expected one of {', '.join(KINDS)})")
 
 

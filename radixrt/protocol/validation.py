@@ -26,6 +26,8 @@ def grammar_of(params: SamplingParams) -> tuple[str, str] | None:
         return "json_schema", params.json_schema
     if params.choices is not None:
         return "choices", json.dumps(params.choices)
+    if params.ebnf is not None:
+        return "ebnf", params.ebnf
     return None
 
 

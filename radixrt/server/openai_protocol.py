@@ -4,7 +4,7 @@
 return the messages or prompts to tokenize; ``sampling_dict`` maps a request onto radixrt sampling params
 (SGLang's names), which then go through the runtime's own request path (radixrt.protocol.request.prepare).
 Extensions accepted beside OpenAI's fields (as SGLang and vLLM do): top_k, min_p, repetition_penalty,
-min_tokens, ignore_eos, skip_special_tokens, stop_token_ids, stop_regex, regex, json_schema, rid (SGLang: the request id,
+min_tokens, ignore_eos, skip_special_tokens, stop_token_ids, stop_regex, regex, json_schema, ebnf, rid (SGLang: the request id,
 one per sequence); on chat, SGLang's separate_reasoning, stream_reasoning and chat_template_kwargs. SGLang's other extensions are declared from ``sglang_compat.OPENAI`` and checked by
 ``check_common`` (ignored, or refused unless they ask for nothing).
 Responses are built in radixrt.server.openai_responses. ``EmbeddingRequest`` is /v1/embeddings' body.
@@ -59,6 +59,7 @@ class _Common(_SGLangExtras, forbid_unknown_fields=True, kw_only=True):
     stop_regex: str | list[str] | None = None  # SGLang's: a match ends the output there (checked by SamplingParams)
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None  # SGLang's: a grammar the output follows (radixrt.constrained.ebnf)
     rid: str | list[str] | None = None
     priority: int | None = None  # SGLang's request priority (checked by radixrt.protocol.request.prepare)
     session_params: dict | None = None  # SGLang's session of the request (checked by radixrt.protocol.request.prepare)
@@ -202,7 +203,7 @@ def sampling_dict(req: _Common, max_new_tokens: int) -> dict[str, Any]:
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                  "frequency_penalty", "stop", "stop_token_ids", "stop_regex", "logit_bias", "ignore_eos",
                  "skip_special_tokens", "seed",
-                 "regex", "json_schema"):
+                 "regex", "json_schema", "ebnf"):
         value = getattr(req, name)
         if value is not None:
             out[name] = value
@@ -210,8 +211,8 @@ def sampling_dict(req: _Common, max_new_tokens: int) -> dict[str, Any]:
         out["min_new_tokens"] = req.min_tokens
     if req.response_format is not None:
         extra = response_format_to_params(req.response_format)
-        if extra and (req.regex is not None or req.json_schema is not None):
-            raise RequestError("pass response_format or regex/json_schema, not both")
+        if extra and (req.regex is not None or req.json_schema is not None or req.ebnf is not None):
+            raise RequestError("pass response_format or regex/json_schema/ebnf, not both")
         out.update(extra)
     return out
 

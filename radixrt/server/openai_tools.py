@@ -74,7 +74,7 @@ def plan_tools(req: Any, fmt: ToolCallFormat, native: bool, constrained: bool, j
 
 def _asks_for_format(req: Any) -> bool:
     rf = req.response_format
-    return (req.regex is not None or req.json_schema is not None
+    return (req.regex is not None or req.json_schema is not None or req.ebnf is not None
             or (isinstance(rf, dict) and rf.get("type") not in (None, "text")))
 
 

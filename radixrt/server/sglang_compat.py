@@ -98,7 +98,6 @@ OPENAI: dict[str, Rule] = {
     "ngram_corpus_id": Ignored("a corpus for SGLang's n-gram speculative decoding, which never changes outputs"),
     "no_stop_trim": Unsupported("keeping the matched stop string in the output", (None, False)),
     "continue_final_message": Unsupported("continuing the final assistant message", (None, False)),
-    "ebnf": Unsupported("EBNF grammars"),
     "custom_params": CUSTOM_LOGITS,
     "return_cached_tokens_details": Unsupported("cached-token details"),
     "return_token_ids": Unsupported("returning token ids"),
