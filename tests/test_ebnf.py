@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixrt.constrained.ebnf import ebnf_regex
 from radixrt.constrained.patterns import engine_accepts_regex
@@ -86,3 +88,19 @@ def test_the_engine_generates_under_a_grammar(default_model_path):
         assert re.fullmatch(ebnf_regex(GRAMMAR), sampled["text"]), sampled["text"]
     finally:
         engine.shutdown()
+
+
+GRAMMAR_PIECES = ["root", " ::= ", "::=", "a", "b", " ", "\n", '"x"', '"', "\\", "[", "]", "^", "-", "(", ")", "|",
+                  "*", "+", "?", "{2}", "{1,}", "{", "}", ",", ".", "#", "0-9", "\\x4", "\\u00e9"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.booleans(), st.lists(st.sampled_from(GRAMMAR_PIECES) | st.text(max_size=3), max_size=20))
+def test_any_text_is_a_grammar_or_a_value_error(rooted, pieces):
+    """Whatever a client sends as a grammar, the answer is a regex the engine compiles or a ValueError (a 400)."""
+    text = ("root ::= " if rooted else "") + "".join(pieces)
+    try:
+        regex = ebnf_regex(text)
+    except ValueError:
+        return
+    assert engine_accepts_regex(regex), (text, regex)
