@@ -565,3 +565,15 @@ def test_spec_bench_refuses_fewer_than_one_request_per_slot(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--requests-per-slot", "0"])
     assert "--requests-per-slot: must be at least 1, not 0" in capsys.readouterr().err
+
+
+def test_kernel_ab_times_the_extend_kernel_alone(capsys):
+    """--extend: paged_extend of each shape through both builds (the same sources here: no second build)."""
+    from radixrt.bench import kernel_ab
+
+    assert kernel_ab.main(["--base", "HEAD", "--extend", "1x20+5,2x3", "--repeats", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1x20+5") or
+            line.startswith("| 2x3")]
+    assert len(rows) == 2 and all(float(r.split("|")[4]) > 0 for r in rows)
+    with pytest.raises(SystemExit, match="shapes like"):
+        kernel_ab.main(["--base", "HEAD", "--extend", "twenty", "--repeats", "1"])

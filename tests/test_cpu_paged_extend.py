@@ -32,8 +32,10 @@ def check(q, k, v, table, prefixes, extends, window=0):
     torch.testing.assert_close(out.float(), ref, **BF16_OUT)
 
 
-# prompts from scratch, after a cached prefix, one token, several requests back to back (one with no new token)
-@pytest.mark.parametrize("prefixes,extends", [([0], [37]), ([100], [50]), ([5, 0, 40, 9], [20, 1, 17, 0]), ([16], [16])])
+# prompts from scratch, after a cached prefix, one token, several requests back to back (one with no new token),
+# keys over several softmax spans of 64 with a partial last one
+@pytest.mark.parametrize("prefixes,extends", [([0], [37]), ([100], [50]), ([5, 0, 40, 9], [20, 1, 17, 0]), ([16], [16]),
+                                              ([301], [70]), ([0, 64], [200, 64])])
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_matches_the_fp32_reference(prefixes, extends, page_size):
     check(*extend_case(prefixes, extends, page_size, seed=page_size + sum(extends)))
@@ -46,9 +48,10 @@ def test_every_group_and_head_dim(heads, kv_heads, head_dim):
     check(*extend_case([7, 30], [61, 33], 16, heads, kv_heads, head_dim, seed=heads + head_dim))
 
 
-@pytest.mark.parametrize("window", [1, 7, 40])
+@pytest.mark.parametrize("window", [1, 7, 40, 100])
 def test_sliding_window(window):
     check(*extend_case([90, 0], [45, 30], 4, seed=window), window=window)
+    check(*extend_case([250], [90], 16, seed=window), window=window)  # spans wholly outside the window
 
 
 def test_the_runtime_takes_it_on_avx512_builds_in_bf16_without_amx(monkeypatch):

@@ -26,6 +26,7 @@ inline F16 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline void store16(float* p, F16 v) { _mm512_storeu_ps(p, v); }
 inline F16 scale16(F16 v, float s) { return _mm512_mul_ps(v, _mm512_set1_ps(s)); }
 inline F16 add16(F16 a, F16 b) { return _mm512_add_ps(a, b); }
+inline F16 mul16(F16 a, F16 b) { return _mm512_mul_ps(a, b); }
 // acc + a.even * b.even + a.odd * b.odd per lane, a and b holding bf16 pairs (b broadcast from one pair)
 inline F16 dot2(F16 acc, __m512i a, uint32_t b_pair) {
   const __m512i b = _mm512_set1_epi32(static_cast<int>(b_pair));
@@ -55,6 +56,10 @@ inline F16 scale16(F16 x, float s) {
 }
 inline F16 add16(F16 a, F16 b) {
   for (int i = 0; i < 16; ++i) a.v[i] += b.v[i];
+  return a;
+}
+inline F16 mul16(F16 a, F16 b) {
+  for (int i = 0; i < 16; ++i) a.v[i] *= b.v[i];
   return a;
 }
 inline float high_half(uint32_t pair) {

@@ -2,13 +2,16 @@
 // causally (and within a sliding window, if any) to all of its keys, the cached prefix and themselves.
 //
 // Work items are (request, kv head, block of new tokens): the block's query rows (tokens x the heads sharing
-// the kv head, at most 48) meet the keys 16 at a time. Scores are computed transposed, a vector per key over
-// the rows: the rows' queries are packed once per item as 32-bit pairs of dims ([D/2][rows]), so one pair of
-// a key's dims, broadcast, times a packed row gives 16 rows' partial sums, and a key's scores are D/2 pair dot
-// products with no horizontal sum. The online softmax then runs across keys lane by lane (a row per lane).
-// Values are packed per block of keys as pairs of keys ([8][D]: rows 2j and 2j+1 interleaved by 16-bit
-// unpacks, which leaves the dims of each 32 in a fixed permutation that the accumulators keep and the output
-// undoes), so one broadcast pair of a row's weights times a packed row gives 16 dims' partial sums.
+// the kv head, at most 48) meet the keys a span of 64 at a time, one online-softmax step a span. Scores are
+// computed transposed, a vector per key over the rows: the rows' queries are packed once per item as 32-bit pairs
+// of dims ([D/2][rows]), so one pair of a key's dims, broadcast, times a packed row gives 16 rows' partial sums,
+// and a key's scores are D/2 pair dot products with no horizontal sum. The softmax then runs across keys lane by
+// lane (a row per lane), its weights stored as bf16 pairs of keys per row ([pairs][rows]). Values are packed per
+// span as pairs of keys ([pairs][D]: rows 2j and 2j+1 interleaved by 16-bit unpacks, which leaves the dims of each
+// 32 in a fixed permutation that the output undoes), and the output accumulates transposed too ([D][rows]): a
+// pair's weights, loaded as rows' vectors, times a dim's value pair, broadcast, gives 16 rows' partial sums of
+// that dim. Against a softmax step per block of 16 keys and rows accumulated four at a time: 1.03-1.13x on a
+// 2-vCPU Zen 4, level at 32 x 64 new tokens (python -m radixrt.bench.kernel_ab --base REV --extend ...).
 // A pair dot product multiplies two bf16 pairs exactly and adds both products in fp32 (bf16_pairs.h):
 // vdpbf16ps on CPUs with AVX512-BF16, two FMAs on other AVX-512 CPUs, scalar code elsewhere (for the tests of
 // every CPU; on those CPUs the runtime keeps torch's attention). The softmax is fp32, its weights rounded to bf16
@@ -31,6 +34,7 @@ namespace {
 using bf16 = c10::BFloat16;
 using namespace radixrt::pairs;
 constexpr int64_t kBlock = 16;  // keys a block holds
+constexpr int64_t kSpan = 64;   // keys one softmax step takes: four blocks
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 constexpr int64_t kMaxRows = 48;  // query rows a work item holds: three vectors of 16
@@ -52,14 +56,14 @@ struct Args {
 struct Scratch {
   std::vector<uint32_t> queries;  // [D/2][rows]: pair i of row r at i * rows + r
   std::vector<float> pos;         // [rows] each row's position (padding rows see every key)
-  std::vector<float> scores;      // [16 keys][rows]
-  std::vector<uint32_t> weights;  // [8][rows]: bf16 weights of keys 2j and 2j + 1 of row r
+  std::vector<float> scores;      // [span keys][rows]
+  std::vector<uint32_t> weights;  // [span / 2][rows]: bf16 weights of keys 2j and 2j + 1 of row r
   std::vector<float> m, l, rescale;
-  std::vector<uint32_t> values;   // [8][D]: key pair j, dims in unpack order
-  std::vector<float> acc;         // [rows][D] unnormalised outputs (unpack order)
+  std::vector<uint32_t> values;   // [span / 2][D]: key pair j, dims in unpack order
+  std::vector<float> acc;         // [D][rows] unnormalised outputs, transposed (dims in unpack order)
   Scratch(int64_t rows, int64_t head_dim)
-      : queries(head_dim / 2 * rows), pos(rows), scores(kBlock * rows), weights(kBlock / 2 * rows), m(rows),
-        l(rows), rescale(rows), values(kBlock / 2 * head_dim), acc(rows * head_dim) {}
+      : queries(head_dim / 2 * rows), pos(rows), scores(kSpan * rows), weights(kSpan / 2 * rows), m(rows),
+        l(rows), rescale(rows), values(kSpan / 2 * head_dim), acc(rows * head_dim) {}
 };
 
 const bf16 kZeroRow[256] = {};
@@ -81,10 +85,10 @@ inline void prefetch_block(const Args& a, int64_t b, int64_t kh, int64_t first, 
   }
 }
 
-// Values of keys [first, first + n) as pairs of keys; missing keys are zero.
-void pack_values(const Args& a, int64_t b, int64_t kh, int64_t first, int64_t n, Scratch& w) {
+// Values of keys [first, first + n) as pairs of keys, `keys` of them; missing keys are zero.
+void pack_values(const Args& a, int64_t b, int64_t kh, int64_t first, int64_t n, int64_t keys, Scratch& w) {
   const int64_t D = a.head_dim;
-  for (int64_t j = 0; j < kBlock / 2; ++j) {
+  for (int64_t j = 0; j < keys / 2; ++j) {
     const bf16* v0 = 2 * j < n ? a.v_cache + key_offset(a, b, kh, first + 2 * j) : kZeroRow;
     const bf16* v1 = 2 * j + 1 < n ? a.v_cache + key_offset(a, b, kh, first + 2 * j + 1) : kZeroRow;
     uint32_t* dst = w.values.data() + j * D;
@@ -129,17 +133,17 @@ inline void score_keys(const Args& a, int64_t b, int64_t kh, int64_t first, int6
   }
 }
 
-// The online softmax over the block's keys [first, first + 16), a row per lane: masks what a row may not see,
-// folds the block into m and l, leaves each row's rescale and its weights as bf16 pairs of keys.
+// The online softmax over the span's keys [first, first + keys), a row per lane: masks what a row may not see,
+// folds the span into m and l, leaves each row's rescale and its weights as bf16 pairs of keys.
 template <int kVecs>
-inline void softmax_block(const Args& a, int64_t first, Scratch& w) {
+inline void softmax_span(const Args& a, int64_t first, int64_t keys, Scratch& w) {
   using radixrt::Vec;
   constexpr int64_t rows = kVecs * 16;
   const Vec neg_inf(kNegInf), zero(0.f);
   for (int64_t r = 0; r < rows; r += radixrt::kLanes) {
     const Vec pos = Vec::loadu(w.pos.data() + r);
     Vec top = Vec::loadu(w.m.data() + r);
-    for (int64_t t = 0; t < kBlock; ++t) {
+    for (int64_t t = 0; t < keys; ++t) {
       const Vec key(static_cast<float>(first + t));
       Vec visible = key <= pos;
       if (a.window > 0) visible = visible & (key > pos - Vec(static_cast<float>(a.window)));
@@ -152,7 +156,7 @@ inline void softmax_block(const Args& a, int64_t first, Scratch& w) {
     const Vec old = Vec::loadu(w.m.data() + r);
     const Vec rescale = (old - base).exp_u20();
     Vec sum(0.f);
-    for (int64_t t = 0; t < kBlock; t += 2) {
+    for (int64_t t = 0; t < keys; t += 2) {
       const Vec p0 = (Vec::loadu(w.scores.data() + t * rows + r) - base).exp_u20();
       const Vec p1 = (Vec::loadu(w.scores.data() + (t + 1) * rows + r) - base).exp_u20();
       sum = sum + p0 + p1;
@@ -164,27 +168,30 @@ inline void softmax_block(const Args& a, int64_t first, Scratch& w) {
   }
 }
 
-// acc[r] = acc[r] * rescale[r] + weights[r] . values for rows r0 .. r0 + kRows - 1, side by side so each packed
-// row of values is loaded once for all of them.
-template <int kDim, int kRows>
-inline void accumulate_rows(int64_t r0, int64_t rows, Scratch& w) {
-  constexpr int64_t kChunks = kDim / 16;
-  F16 o[kRows][kChunks];
-  for (int r = 0; r < kRows; ++r) {
-    for (int64_t c = 0; c < kChunks; ++c) o[r][c] = scale16(load16(w.acc.data() + (r0 + r) * kDim + 16 * c), w.rescale[r0 + r]);
-  }
-  for (int64_t j = 0; j < kBlock / 2; ++j) {
-    uint32_t pairs[kRows];
-    uint32_t any = 0;
-    for (int r = 0; r < kRows; ++r) any |= pairs[r] = w.weights[j * rows + r0 + r];
-    if (any == 0) continue;  // both keys masked or missing for every row
-    const uint32_t* vrow = w.values.data() + j * kDim;
-    for (int64_t c = 0; c < kChunks; ++c) {
-      for (int r = 0; r < kRows; ++r) o[r][c] = dot2(o[r][c], vrow + 16 * c, pairs[r]);
+// acc[., d] = acc[., d] * rescale + weights . values[., d] for every row at once: the accumulator is kept
+// transposed ([D][rows], a vector per dim over 16 rows), the weights of a key pair are loaded as rows' vectors and
+// each dim's value pair is broadcast, 8 dims at a time, so a key pair costs a load per row vector, a broadcast
+// per dim and nothing else beside its products.
+template <int kDim, int kVecs>
+inline void accumulate_span(int64_t keys, Scratch& w) {
+  constexpr int64_t rows = kVecs * 16, kDims = kDim < 8 ? kDim : 8;
+  F16 rescale[kVecs];
+  for (int v = 0; v < kVecs; ++v) rescale[v] = load16(w.rescale.data() + 16 * v);
+  for (int64_t d0 = 0; d0 < kDim; d0 += kDims) {
+    F16 o[kDims][kVecs];
+    for (int d = 0; d < kDims; ++d) {
+      for (int v = 0; v < kVecs; ++v) o[d][v] = mul16(load16(w.acc.data() + (d0 + d) * rows + 16 * v), rescale[v]);
     }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    for (int64_t c = 0; c < kChunks; ++c) store16(w.acc.data() + (r0 + r) * kDim + 16 * c, o[r][c]);
+    for (int64_t j = 0; j < keys / 2; ++j) {
+      const uint32_t* weights = w.weights.data() + j * rows;
+      const uint32_t* values = w.values.data() + j * kDim + d0;
+      for (int d = 0; d < kDims; ++d) {
+        for (int v = 0; v < kVecs; ++v) o[d][v] = dot2(o[d][v], weights + 16 * v, values[d]);
+      }
+    }
+    for (int d = 0; d < kDims; ++d) {
+      for (int v = 0; v < kVecs; ++v) store16(w.acc.data() + (d0 + d) * rows + 16 * v, o[d][v]);
+    }
   }
 }
 
@@ -205,21 +212,19 @@ void attend_item(const Args& a, const Item& item, Scratch& w) {
   std::fill(w.l.begin(), w.l.begin() + rows, 0.f);
   const int64_t last_pos = first_pos + item.tokens - 1;
   const int64_t lo = a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : 0;
-  for (int64_t first = lo - lo % kBlock; first <= last_pos; first += kBlock) {
-    const int64_t n = std::min(kBlock, last_pos + 1 - first);
-    if (first + kBlock <= last_pos) prefetch_block(a, b, kh, first + kBlock, std::min(kBlock, last_pos + 1 - first - kBlock));
-    score_keys<kDim, kVecs>(a, b, kh, first, 0, n, w);
-    score_keys<kDim, kVecs>(a, b, kh, first, 8, n, w);
-    softmax_block<kVecs>(a, first, w);
-    pack_values(a, b, kh, first, n, w);
-    int64_t r = 0;
-    for (; r + 4 <= n_rows; r += 4) accumulate_rows<kDim, 4>(r, rows, w);
-    for (; r < n_rows; ++r) accumulate_rows<kDim, 1>(r, rows, w);
+  for (int64_t first = lo - lo % kBlock; first <= last_pos; first += kSpan) {
+    const int64_t n = std::min(kSpan, last_pos + 1 - first);
+    const int64_t keys = (n + kBlock - 1) / kBlock * kBlock;  // keys past n read zero rows and are masked
+    if (first + kSpan <= last_pos) prefetch_block(a, b, kh, first + kSpan, std::min(kSpan, last_pos + 1 - first - kSpan));
+    for (int64_t k0 = 0; k0 < keys; k0 += 8) score_keys<kDim, kVecs>(a, b, kh, first, k0, n, w);
+    softmax_span<kVecs>(a, first, keys, w);
+    pack_values(a, b, kh, first, n, keys, w);
+    accumulate_span<kDim, kVecs>(keys, w);
   }
   for (int64_t r = 0; r < n_rows; ++r) {
     const float inv = 1.f / w.l[r];
     bf16* o = a.out + ((a.q_start[b] + item.first_token + r / group) * a.heads + kh * group + r % group) * kDim;
-    for (int64_t d = 0; d < kDim; ++d) o[d] = static_cast<bf16>(w.acc[r * kDim + permuted_dim(d)] * inv);
+    for (int64_t d = 0; d < kDim; ++d) o[d] = static_cast<bf16>(w.acc[permuted_dim(d) * rows + r] * inv);
   }
 }
 

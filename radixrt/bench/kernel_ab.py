@@ -3,6 +3,7 @@ in one process, alternating.
 
     python -m radixrt.bench.kernel_ab --base REV [--batch 8] [--context 450] [--rows 1,5] [--repeats 20]
                                       [--dtype bfloat16] [--model smollm2-135m]
+    python -m radixrt.bench.kernel_ab --base REV --extend 1x2048,2x1024,1x512+1500 [--repeats 9]
 
 Builds ``kernels/csrc`` as it is at git revision ``REV`` (into a temporary folder, compiled with the runtime's own
 flags) next to this tree's build, then times verify-step forwards with their rows' greedy tokens
@@ -12,6 +13,10 @@ switching the kernels module between the two builds forward by forward. Each fig
 runs minutes apart do not give on a VM. The Python side is this tree's for both builds, so the base must offer the
 same kernel functions (a change inside the kernels, not to their signatures). Where the base's sources are this
 tree's, both columns time the same build: the spread between them is the noise.
+
+``--extend BxN[+P],...`` times the prefill attention kernel alone instead (``paged_extend``: B requests of N new
+tokens after P cached ones, the default model's heads, bf16 pages in shuffled order), the two builds alternating
+call by call.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -84,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=450)
     parser.add_argument("--rows", default="1,5", help="new tokens a request, comma-separated")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--extend", default=None, help="time paged_extend alone over these BxN[+P] shapes")
     args = parser.parse_args(argv)
     rows = [int(k) for k in args.rows.split(",")]
     own = cpu_kernels.load()
@@ -92,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     sources = base_sources(args.base)
     same = sources == tree_sources()
     builds = {"base": own if same else build(sources), "tree": own}
+    if args.extend:
+        print(f"paged_extend, kernels of {args.base}{' (the same sources as this tree)' if same else ''} against this "
+              f"tree's, {torch.get_num_threads()} threads, median of {args.repeats} calls, ms")
+        print(f"| requests x new tokens (+ cached) | {args.base} | this tree | base / tree |")
+        print("|---|---:|---:|---:|")
+        for shape in args.extend.split(","):
+            base, tree = _extend_ms(builds, shape, args.repeats)
+            print(f"| {shape} | {base:.2f} | {tree:.2f} | {base / tree:.2f} |", flush=True)
+        return 0
     chosen = {"module": own}
     original = cpu_kernels._module
     cpu_kernels._module = lambda: chosen["module"]
@@ -116,6 +132,32 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cpu_kernels._module = original
     return 0
+
+
+def _extend_ms(builds: dict[str, ModuleType], shape: str, repeats: int, heads: int = 9, kv_heads: int = 3,
+               head_dim: int = 64, page_size: int = 16) -> tuple[float, float]:
+    """Median ms of one ``paged_extend`` call of ``shape`` (``BxN[+P]``) for the base and the tree build."""
+    try:
+        batch, rest = shape.split("x")
+        new, _, cached = rest.partition("+")
+        batch, new, cached = int(batch), int(new), int(cached or 0)
+    except ValueError:
+        raise SystemExit(f"kernel_ab: --extend takes shapes like 2x1024 or 1x512+1500, got {shape!r}") from None
+    gen = torch.Generator().manual_seed(0)
+    width = -(-(cached + new) // page_size)
+    pages = batch * width + 1
+    k = torch.randn(pages, page_size, kv_heads, head_dim, generator=gen).bfloat16()
+    v = torch.randn(pages, page_size, kv_heads, head_dim, generator=gen).bfloat16()
+    table = (torch.randperm(pages - 1, generator=gen)[: batch * width] + 1).view(batch, width).int()
+    q = torch.randn(batch * new, heads, head_dim, generator=gen).bfloat16()
+    call = (q, k, v, table, torch.full((batch,), cached), torch.full((batch,), new), head_dim ** -0.5, 0)
+    timed: dict[str, list[float]] = {name: [] for name in builds}
+    for _ in range(repeats + 1):  # the first round warms up
+        for name, module in builds.items():
+            start = time.perf_counter()
+            module.paged_extend(*call)
+            timed[name].append((time.perf_counter() - start) * 1e3)
+    return statistics.median(timed["base"][1:]), statistics.median(timed["tree"][1:])
 
 
 if __name__ == "__main__":
