@@ -67,7 +67,7 @@ def test_sampling_params_take_one_constraint():
     from radixrt.sampling.params import SamplingParams
 
     assert SamplingParams.from_dict({"ebnf": 'root ::= "a"'}).validate().ebnf == 'root ::= "a"'
-    with pytest.raises(ValueError, match="only one of regex, json_schema, choices and ebnf"):
+    with pytest.raises(ValueError, match="only one of regex, json_schema, choices, ebnf and structural_tag"):
         SamplingParams.from_dict({"ebnf": 'root ::= "a"', "regex": "a"}).validate()
 
 

@@ -10,6 +10,7 @@ r"""Turning a request's constraint (regex, JSON schema, choices, any JSON object
   ASCII-digit pattern (outlines' ``\d`` would admit any Unicode digit).
 - choices: an alternation of the escaped strings.
 - ebnf: a grammar of rules inlined into one regex (radixrt.constrained.ebnf; recursion is refused).
+- structural_tag: free text whose triggers open JSON structures (radixrt.constrained.structural_tag).
 - whitespace between JSON tokens: ``GrammarCompiler(json_whitespace=...)``; the default "" (compact
   JSON) lets jump-forward force whole runs such as ``{"name":"``, which ``[ ]?`` would break up.
 - json_object: any JSON object, nested at most two levels deep (a bounded regex keeps the DFA small).
@@ -392,7 +393,7 @@ def any_value_regex(whitespace_pattern: str | None = None, python_literals: bool
 
 # ---------------------------------------------------------------- one entry point (torch-free)
 
-KINDS = ("regex", "json_schema", "json_object", "choices", "ebnf")
+KINDS = ("regex", "json_schema", "json_object", "choices", "ebnf", "structural_tag")
 
 
 def engine_accepts_regex(regex: str) -> bool:
@@ -430,6 +431,11 @@ def normalise_constraint(kind: str, spec: Any, json_whitespace: str = "") -> tup
         from radixrt.constrained.ebnf import ebnf_regex
 
         return spec, ebnf_regex(spec)
+    if kind == "structural_tag":
+        from radixrt.constrained.structural_tag import parse_structural_tag, structural_tag_regex
+
+        tag = parse_structural_tag(spec)
+        return json.dumps(tag, separators=(",", ":")), structural_tag_regex(tag, json_whitespace)
     raise ValueError(f"unknown constraint kind {kind!r} (expected one of {', '.join(KINDS)})")
 
 

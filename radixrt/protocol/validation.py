@@ -28,6 +28,8 @@ def grammar_of(params: SamplingParams) -> tuple[str, str] | None:
         return "choices", json.dumps(params.choices)
     if params.ebnf is not None:
         return "ebnf", params.ebnf
+    if params.structural_tag is not None:
+        return "structural_tag", params.structural_tag
     return None
 
 

@@ -20,7 +20,6 @@ SGLANG_FIELDS: dict[str, Rule] = {
     "spaces_between_special_tokens": Unsupported("decoding without spaces between special tokens", (None, True)),
     "stream_interval": Ignored("radixrt streams what each scheduler step produced"),
     "custom_params": Unsupported("parameters of a custom logit processor"),
-    "structural_tag": Unsupported("structural tags"),
     "beam_width": Unsupported("beam search", (None, 0, 1)),
 }
 
@@ -47,13 +46,13 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     json_schema: str | None = None
     choices: list[str] | None = None
     ebnf: str | None = None  # SGLang's: a grammar (radixrt.constrained.ebnf), generated as one regex
+    structural_tag: str | None = None  # SGLang's: JSON of triggers and structures (radixrt.constrained.structural_tag)
     sampling_seed: int | None = None
     # SGLang's fields radixrt does not implement; normalised away in __post_init__, so they never travel on.
     no_stop_trim: compat_type(SGLANG_FIELDS["no_stop_trim"]) = None
     spaces_between_special_tokens: compat_type(SGLANG_FIELDS["spaces_between_special_tokens"]) = None
     stream_interval: compat_type(SGLANG_FIELDS["stream_interval"]) = None
     custom_params: compat_type(SGLANG_FIELDS["custom_params"]) = None
-    structural_tag: compat_type(SGLANG_FIELDS["structural_tag"]) = None
     beam_width: compat_type(SGLANG_FIELDS["beam_width"]) = None
 
     def __post_init__(self) -> None:
@@ -87,8 +86,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
             (1 <= self.n <= 128, "n must be in [1, 128]"),
-            (sum(x is not None for x in (self.regex, self.json_schema, self.choices, self.ebnf)) <= 1,
-             "only one of regex, json_schema, choices and ebnf may be set"),
+            (sum(x is not None for x in (self.regex, self.json_schema, self.choices, self.ebnf,
+                                         self.structural_tag)) <= 1,
+             "only one of regex, json_schema, choices, ebnf and structural_tag may be set"),
             (self.choices is None or len(self.choices) > 0, "choices must not be empty"),
         ]
         for ok, message in checks:

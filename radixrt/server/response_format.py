@@ -1,4 +1,4 @@
-"""OpenAI's ``response_format`` -> radixrt sampling-param fields (regex / json_schema).
+"""OpenAI's ``response_format`` -> radixrt sampling-param fields (regex / json_schema / structural_tag).
 
 The constraint itself is checked with the rest of the request (radixrt.scheduler.validation, torch-free);
 the grammar compiler lives in radixrt.constrained.
@@ -28,9 +28,12 @@ def response_format_to_params(response_format: Any) -> dict[str, Any]:
             raise RequestError("response_format.json_schema must be an object with a 'schema'")
         schema = spec.get("schema", spec.get("schema_", {"type": "object"}))
         return {"json_schema": schema if isinstance(schema, str) else json.dumps(schema)}
+    if kind == "structural_tag":  # SGLang's and vLLM's: {"type", "structures", "triggers"}
+        return {"structural_tag": json.dumps(response_format)}
     if kind == "regex":  # extension (not OpenAI): {"type": "regex", "regex": "..."}
         regex = response_format.get("regex")
         if not isinstance(regex, str):
             raise RequestError("response_format.regex must be a string")
         return {"regex": regex}
-    raise RequestError(f"unsupported response_format type {kind!r} (text, json_object, json_schema, regex)")
+    raise RequestError(f"unsupported response_format type {kind!r} (text, json_object, json_schema, "
+                       "structural_tag, regex)")
