@@ -25,9 +25,8 @@ TAG = {"type": "structural_tag", "triggers": ["<function="],
 SCHEMAS = {"<function=get_weather>": WEATHER, "<function=add>": ADD}
 
 
-def read(tag: dict, text: str, cut: bool = False) -> list[tuple[str, dict]]:
-    """The structures in ``text``, read without the regex: each trigger must open a whole structure (``cut``:
-    the last may be cut short, as where max_new_tokens ran out inside it)."""
+def read(tag: dict, text: str) -> list[tuple[str, dict]]:
+    """The structures in ``text``, read without the regex: each trigger must open a whole structure."""
     found, pos = [], 0
     triggers = tag["triggers"]
     while True:
@@ -35,15 +34,10 @@ def read(tag: dict, text: str, cut: bool = False) -> list[tuple[str, dict]]:
         if not starts:
             return found
         at = min(starts)[0]
-        if cut and not any(text.startswith(s["begin"], at) for s in tag["structures"]):
-            assert any(s["begin"].startswith(text[at:]) for s in tag["structures"]), text
-            return found
         for s in tag["structures"]:
             if text.startswith(s["begin"], at):
                 body_start = at + len(s["begin"])
                 end = text.find(s["end"], body_start)
-                if end < 0 and cut:
-                    return found
                 assert end >= 0, (text, "a structure is not closed")
                 value = json.loads(text[body_start:end])
                 jsonschema.validate(value, s["schema"])
@@ -122,13 +116,47 @@ def test_generation_under_a_tag_through_the_server(http):
         "max_new_tokens": 40, "temperature": 0, "structural_tag": tag_json}})
     assert res.status_code == 200, res.text
     text = res.json()["text"]
-    found = read(TAG, text, cut=res.json()["meta_info"]["finish_reason"]["type"] == "length")
+    found = read(TAG, text)
     assert len(found) >= 2 and all(0 <= value["a"] <= 9 for _, value in found), text
     res = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Add 2 and 3."}],
                                                   "max_tokens": 32, "temperature": 0, "response_format": TAG})
     assert res.status_code == 200, res.text
-    read(TAG, res.json()["choices"][0]["message"]["content"], cut=True)
+    read(TAG, res.json()["choices"][0]["message"]["content"])
     bad = {"text": PROMPT, "sampling_params": {"max_new_tokens": 4, "structural_tag": '{"triggers": []}'}}
     res = http.post("/generate", json=bad)
     assert res.status_code == 400 and "triggers" in res.text
     assert http.post("/generate", json={"text": PROMPT, "sampling_params": {"max_new_tokens": 2}}).status_code == 200
+
+
+@pytest.mark.model
+def test_no_structure_is_begun_that_the_budget_cannot_finish(http):
+    """Whatever max_new_tokens cuts the output at, it matches: late in the budget the trigger cannot open a
+    structure whose shortest way to its end is longer than what is left (without that, 10 of these 14 budgets
+    ended inside a structure)."""
+    pattern = re.compile(structural_tag_regex(TAG))
+    for budget in range(8, 48, 3):
+        res = http.post("/generate", json={"text": PROMPT, "sampling_params": {
+            "max_new_tokens": budget, "temperature": 0, "structural_tag": json.dumps(TAG)}})
+        text = res.json()["text"]
+        assert pattern.fullmatch(text), (budget, text)
+        read(TAG, text)
+
+
+@pytest.mark.model
+def test_a_matching_state_bans_only_what_cannot_end_in_time(default_model_path):
+    from radixrt.constrained.grammar import GrammarCompiler
+    from radixrt.constrained.matcher import GrammarMatcher
+    from radixrt.tokenizer import eos_token_ids, load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_path)
+    compiler = GrammarCompiler(tokenizer, eos_token_ids(default_model_path, tokenizer))
+    try:
+        matcher = GrammarMatcher(compiler.compile("structural_tag", json.dumps(TAG)))
+        for token in tokenizer.encode("Hello <function"):
+            assert matcher.accept_token(token)
+        equals = tokenizer.encode("=")[-1]
+        assert equals in matcher.out_of_reach(10)  # '=<function=add>{"a":0}</function>' needs more than 9 more
+        assert equals not in matcher.out_of_reach(64)
+        assert matcher.out_of_reach(0) == [] and matcher.out_of_reach(65) == []
+    finally:
+        compiler.shutdown()

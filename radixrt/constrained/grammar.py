@@ -64,6 +64,7 @@ class Grammar:
         self._dead: dict[int, bool] = {}
         self._closing: dict[int, tuple[int, int | None]] = {}
         self._reopen: dict[int, int] = {}
+        self._leaving: dict[int, list[tuple[int, int]]] = {}
         self._rows: dict[int, torch.Tensor] = {}
         self._token_masks: dict[int, tuple[int, torch.Tensor]] = {}
         self._continues: dict[int, bool] = {}
@@ -209,6 +210,23 @@ class Grammar:
                 if length >= 0 and (cached < 0 or length + 1 < cached):
                     cached = length + 1
             self._reopen[state] = cached
+        return cached
+
+    def leaving(self, state: int) -> list[tuple[int, int]]:
+        """From an accepting ``state``: (token, next state) of the allowed tokens after which the text no longer
+        matches (the start of a call, of a structure), e.g. the few hundred tokens of a free text that begin a
+        marker. One pass over the allowed tokens on first use, cached."""
+        cached = self._leaving.get(state)
+        if cached is None:
+            cached = []
+            for token in self.index.get_allowed_tokens(state):
+                if token >= self.info.vocab_size or token in self.info.eos_token_ids:
+                    continue
+                nxt = self.index.get_next_state(state, token)
+                if nxt is not None and not self.is_accepting(nxt):
+                    cached.append((token, nxt))
+            with self._lock:
+                self._leaving[state] = cached
         return cached
 
     # -- jump-forward

@@ -116,6 +116,19 @@ class GrammarMatcher:
         length, token = self.grammar.closing(self.state)
         return token if token is not None and budget <= length else None
 
+    def out_of_reach(self, budget: int) -> list[int]:
+        """In a matching state with ``budget`` tokens left (within ``CLOSING_HORIZON``): the tokens that would
+        begin something (a call, a structure) whose shortest way back to a match is longer than the rest of the
+        budget, so that the output cannot be cut inside it at max_new_tokens."""
+        if self.terminated or not 0 < budget <= CLOSING_HORIZON or not self.grammar.is_accepting(self.state):
+            return []
+        out = []
+        for token, nxt in self.grammar.leaving(self.state):
+            length = self.grammar.closing(nxt)[0]
+            if length < 0 or length > budget - 1:
+                out.append(token)
+        return out
+
     def jump_forward_text(self) -> str | None:
         """The text every valid continuation starts with from here (whole characters), if any."""
         if self.terminated:

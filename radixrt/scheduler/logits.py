@@ -72,7 +72,8 @@ def _processed(req: Req) -> bool:
 
 def close_within_budget(logits: torch.Tensor, reqs: list[Req]) -> None:
     """A constrained request whose token budget is down to the shortest way to a match writes that way, so
-    its output matches when the budget ends (a JSON string that would run past max_new_tokens is closed)."""
+    its output matches when the budget ends (a JSON string that would run past max_new_tokens is closed); in a
+    matching state it may not begin what it could not finish (a tool call, a structure, late in its budget)."""
     for i, r in enumerate(reqs):
         budget = r.params.max_new_tokens - len(r.output_ids)
         if r.grammar is None or budget > CLOSING_HORIZON:
@@ -81,6 +82,10 @@ def close_within_budget(logits: torch.Tensor, reqs: list[Req]) -> None:
         if token is not None:
             logits[i].fill_(float("-inf"))
             logits[i, token] = 0.0
+            continue
+        banned = r.grammar.out_of_reach(budget)
+        if banned:
+            logits[i, torch.tensor(banned, device=logits.device)] = float("-inf")
 
 
 def collect_prompt_logprobs(req: Req, start: int, n: int, rows: torch.Tensor) -> None:
