@@ -11,6 +11,7 @@ import re
 
 import jsonschema
 import pytest
+import shared_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -103,7 +104,7 @@ def test_bad_tags_are_refused_with_the_reason(spec, needle):
     assert needle in str(info.value)
 
 
-SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.1", "--log-interval", "0"]
+SERVER_ARGS = shared_server.ARGS  # the session's shared server (tests/shared_server.py)
 # the default model goes on with the pattern: 8, 9, then (10 being past the schema's maximum) 0
 PROMPT = '<function=add>{"a": 3}</function>\n<function=add>{"a": 5}</function>\n<function=add>{"a": 7}</function>\n'
 

@@ -359,7 +359,8 @@ def test_pythonic_constraint_writes_python_literals_and_refuses_what_it_cannot_e
     assert regex.fullmatch('[f(flag=True, mode="a", opts={"on":True}, any=[1,None])]')
     assert not regex.fullmatch('[f(flag=null, mode=true, opts={"on":false})]')
     assert not regex.fullmatch('[f(mode=None, flag=None, opts={"on":False})]')  # the schema's order
-    for parameters, needle in [({"anyOf": [{"type": "object"}]}, "anyOf"),
+    for parameters, needle in [({"type": "object", "properties": {"a": {"type": "string"}}, "minProperties": 1},
+                                "minProperties"),
                                ({"type": "object", "properties": {"a-b": {"type": "string"}}}, "a-b")]:
         bad = parse_tools([{"type": "function", "function": {"name": "g", "parameters": parameters}}])
         with pytest.raises(RequestError, match=needle):

@@ -107,6 +107,12 @@ def _arguments_text(arguments: str) -> str:
     return text or "{}"
 
 
+def result_text(content: str, name: str | None) -> str:
+    """A tool's result as a user turn: "Result of the function NAME:" and the content (llama3, pythonic)."""
+    who = f"the function {name}" if name else "the function call"
+    return f"Result of {who}:\n{content}"
+
+
 def tools_json_lines(tools: list[Tool]) -> str:
     """Each tool as one line of JSON (name, description unless empty, parameters), for the system prompts."""
     lines = []

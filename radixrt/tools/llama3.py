@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from radixrt.tools import regex as rx
-from radixrt.tools.format_base import ToolCallFormat, tools_json_lines
+from radixrt.tools.format_base import ToolCallFormat, result_text, tools_json_lines
 from radixrt.tools.parser import ToolCallStreamParser
 from radixrt.tools.scan import WHITESPACE
 
@@ -106,5 +106,4 @@ class Llama3(ToolCallFormat):
         )
 
     def render_tool_result(self, content: str, name: str | None) -> str:
-        who = f"the function {name}" if name else "the function call"
-        return f"Result of {who}:\n{content}"
+        return result_text(content, name)

@@ -28,7 +28,7 @@ from typing import Any
 from radixrt.constrained.patterns import any_value_regex, json_schema_regex, python_literal
 from radixrt.protocol.errors import RequestError
 from radixrt.tools import regex as rx
-from radixrt.tools.format_base import ToolCallFormat, tools_json_lines
+from radixrt.tools.format_base import ToolCallFormat, result_text, tools_json_lines
 from radixrt.tools.parser import ToolCallStreamParser
 from radixrt.tools.scan import WHITESPACE
 
@@ -252,8 +252,7 @@ class Pythonic(ToolCallFormat):
         )
 
     def render_tool_result(self, content: str, name: str | None) -> str:
-        who = f"the function {name}" if name else "the function call"
-        return f"Result of {who}:\n{content}"
+        return result_text(content, name)
 
 
 def _keyword_arguments(arguments: Any) -> str:
