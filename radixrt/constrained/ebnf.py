@@ -21,9 +21,9 @@ import re
 from dataclasses import dataclass
 
 from radixrt.constrained.patterns import escape
+from radixrt.constrained.text_regex import ANY, END, class_char
 
 MAX_REGEX_CHARS = 200_000  # a grammar that inlines into more is refused (the DFA would take too long to build)
-_END = "\uFFFF"  # the grammar engine's end-of-match character (radixrt.constrained.grammar): never generated
 
 _TOKEN = re.compile(r"""
     (?P<space>[ \t\r\n]+|\#[^\n]*)
@@ -104,22 +104,18 @@ def _class_regex(token: Token, source: str) -> str:
             lo, hi = _literal_char(c), _literal_char(chars[i + 2])
             if ord(lo) > ord(hi):
                 raise ValueError(f"invalid EBNF at {_where(source, token.pos)}: range {lo!r}-{hi!r} is reversed")
-            parts.append(_class_char(lo) + "-" + _class_char(hi))
+            parts.append(class_char(lo) + "-" + class_char(hi))
             i += 3
         else:
-            parts.append(_class_char(_literal_char(c)))
+            parts.append(class_char(_literal_char(c)))
             i += 1
     if negate:
-        parts.append(_class_char(_END))
+        parts.append(class_char(END))
     return "[" + ("^" if negate else "") + "".join(parts) + "]"
 
 
 def _literal_char(c: str) -> str:
     return c[1] if len(c) == 2 and c[0] == "\\" else c
-
-
-def _class_char(c: str) -> str:
-    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c) or ("\\" + c if c in "\\]^-[&~" else c)
 
 
 class _Parser:
@@ -179,8 +175,7 @@ class _Parser:
             raise self._fail("an expression is missing")
         self.i += 1
         if t.kind == "string":
-            chars = [_literal_char(c) if len(c) == 2 and c[0] == "\\" and c[1] in "-^]" else c
-                     for c in _unescape(t.text[1:-1], self.source, t.pos + 1)]
+            chars = [_literal_char(c) for c in _unescape(t.text[1:-1], self.source, t.pos + 1)]
             return "(" + escape("".join(chars)) + ")" if chars else "()"
         if t.kind == "charclass":
             return _class_regex(t, self.source)
@@ -188,7 +183,7 @@ class _Parser:
             self.refs.add(t.text)
             return "\x00" + t.text + "\x00"
         if t.text == ".":
-            return "[^" + _class_char(_END) + "]"
+            return ANY
         if t.text == "(":
             inner = self._alternatives()
             closing = self._peek()

@@ -5,7 +5,7 @@ calls, reasoning blocks, structural tags).
   texts that ``before`` may follow as the first marker to occur (a text ending in a proper prefix of a marker
   must not let the marker start sooner). Built mechanically: an automaton over the markers' prefixes, turned
   into a regex by state elimination (``eliminate``).
-- ``char_class``, ``alternation``: the pieces, escaped for both engines (``<`` and ``>`` stay bare: ``\<`` is a
+- ``char_class``, ``class_char``, ``alternation``: the pieces, escaped for both engines (``<`` and ``>`` stay bare: ``\<`` is a
   word boundary in Rust).
 Torch-free.
 """
@@ -29,13 +29,14 @@ def alternation(parts: list[str]) -> str:
 def char_class(chars: set[str], negate: bool = False) -> str:
     if negate:
         chars = chars | {END}
-    body = "".join(_class_char(c) for c in sorted(chars))
+    body = "".join(class_char(c) for c in sorted(chars))
     if not negate and len(chars) == 1:
         return escape(next(iter(chars)))
     return "[" + ("^" if negate else "") + body + "]"
 
 
-def _class_char(c: str) -> str:
+def class_char(c: str) -> str:
+    """One character inside a ``[...]`` class, escaped for both engines."""
     return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c) or ("\\" + c if c in "\\]^-[&~" else c)
 
 

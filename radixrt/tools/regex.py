@@ -20,14 +20,8 @@ import json
 from functools import lru_cache
 
 from radixrt.constrained.patterns import escape, json_schema_regex  # noqa: F401 - escape: re-exported
-from radixrt.constrained.text_regex import (  # noqa: F401 - re-exported for the formats and reasoning
-    ANY,
-    END,
-    alternation,
-    char_class,
-    eliminate,
-    text_without_any,
-)
+from radixrt.constrained.text_regex import ANY, char_class, eliminate
+from radixrt.constrained.text_regex import alternation, text_without_any  # noqa: F401 - re-exported
 from radixrt.tools.markers import failure_table, next_state
 from radixrt.tools.scan import WHITESPACE
 
