@@ -41,7 +41,8 @@ def test_a_stream_sends_the_name_then_whole_arguments(client):
     assert deltas and deltas[0].id.startswith("call_") and deltas[0].function.name
     assert all(d.id is None and not d.function.name for d in deltas[1:] if d.index == 0)
     fragments = [d.function.arguments for d in deltas if d.index == 0 and d.function.arguments]
-    assert len(fragments) >= 2 and isinstance(json.loads("".join(fragments)), dict)
+    # one fragment when the model writes one argument (it and the closing "}" come at the same ")")
+    assert fragments and isinstance(json.loads("".join(fragments)), dict)
     for i in range(1, len(fragments)):  # a fragment ends where an argument does: each prefix closes as JSON
         assert isinstance(json.loads("".join(fragments[:i]) + "}"), dict), fragments[:i]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
