@@ -19,8 +19,11 @@ def family_model(request, tmp_path_factory):
     return folder, expected
 
 
-def run_ours(runner: ModelRunner, prompts: list[list[int]], mode: str) -> list[torch.Tensor]:
-    """Logits at every prompt position, computing the prompts as asked by ``mode``."""
+def run_ours(runner: ModelRunner, prompts: list[list[int]], mode: str,
+             lora_uids: list[int] | None = None) -> list[torch.Tensor]:
+    """Logits at every prompt position, computing the prompts as asked by ``mode`` (each through the LoRA adapter
+    ``lora_uids`` gives it, if any)."""
+    lora_uids = lora_uids or [0] * len(prompts)
     pool, size = runner.pool, runner.page_size
     pages = [pool.alloc(-(-len(p) // size)) for p in prompts]
     if mode == "one_extend":
@@ -36,7 +39,8 @@ def run_ours(runner: ModelRunner, prompts: list[list[int]], mode: str) -> list[t
     step = 0
     while any(step < len(s) for s in splits):
         rows = [r for r, s in enumerate(splits) if step < len(s)]
-        chunks = [SeqChunk(prompts[r][done[r] : done[r] + splits[r][step]], done[r], pages[r], logits_from=0) for r in rows]
+        chunks = [SeqChunk(prompts[r][done[r] : done[r] + splits[r][step]], done[r], pages[r], logits_from=0,
+                           lora_uid=lora_uids[r]) for r in rows]
         out = runner.forward(ForwardBatch.build(chunks, size)).split([len(c.tokens) for c in chunks])
         for r, chunk, rows_out in zip(rows, chunks, out):
             logits[r].append(rows_out)

@@ -45,6 +45,13 @@ matched slots of that tree page into a fresh page that becomes the request's pri
 (copy-on-write), so the request computes from ``num_tokens + partial_tokens`` instead of
 recomputing up to ``page_size - 1`` tokens. On by default; ``partial_page_reuse=False`` turns it off.
 
+Namespaces
+----------
+``match_prefix`` and ``insert`` take a ``namespace`` (0 by default): the same tokens in two namespaces are two
+prefixes that never share pages. K/V computed through a LoRA adapter lives in the adapter's namespace (its
+uid). Inside the tree a namespace's tokens are keyed as ``token + namespace * NAMESPACE_STRIDE``
+(``namespaced``), so the tree itself knows nothing of them.
+
 ``disabled=True`` (``--disable-radix-cache``): matches are empty, inserts keep nothing (the caller
 keeps and frees all of its pages), so every request computes its prompt from scratch.
 
@@ -92,7 +99,23 @@ from radixrt.memory.radix_node import (
 from radixrt.memory.radix_stats import CacheStats
 from radixrt.token_ids import common_prefix_len
 
-__all__ = ["CacheStats", "InsertResult", "MatchResult", "RadixCache", "TreeNode"]
+__all__ = ["CacheStats", "InsertResult", "MatchResult", "RadixCache", "TreeNode", "namespaced"]
+
+NAMESPACE_STRIDE = 1 << 32  # above every token id
+
+
+def namespaced(tokens: Sequence[int], namespace: int) -> tuple[int, ...]:
+    """``tokens`` as the tree keys them in ``namespace``."""
+    if not namespace:
+        return tuple(tokens)
+    offset = namespace * NAMESPACE_STRIDE
+    return tuple(t + offset for t in tokens)
+
+
+def plain(tokens: Sequence[int], namespace: int) -> list[int]:
+    """The token ids of keys read from the tree in ``namespace``."""
+    offset = namespace * NAMESPACE_STRIDE
+    return [t - offset for t in tokens] if namespace else list(tokens)
 
 
 class RadixCache:
@@ -164,9 +187,9 @@ class RadixCache:
         return split_edge(node, at, self.page_size, next(self._uids))
 
     # ----------------------------------------------------------------------------------- match
-    def match_prefix(self, tokens: Sequence[int], *, record: bool = True) -> MatchResult:
+    def match_prefix(self, tokens: Sequence[int], *, record: bool = True, namespace: int = 0) -> MatchResult:
         """The longest cached page-aligned prefix of ``tokens`` (see the module docstring)."""
-        key = tuple(tokens)
+        key = namespaced(tokens, namespace)
         n = len(key)
         if self.disabled:
             if record:
@@ -249,7 +272,7 @@ class RadixCache:
         return page, match.partial_tokens
 
     # ----------------------------------------------------------------------------------- insert
-    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> InsertResult:
+    def insert(self, tokens: Sequence[int], pages: Sequence[int], namespace: int = 0) -> InsertResult:
         """Record ``tokens`` (whole pages only) held in ``pages``; see the ownership rule above."""
         page_size = self.page_size
         if len(tokens) != len(pages) * page_size:
@@ -258,7 +281,7 @@ class RadixCache:
             )
         if self.disabled:
             return InsertResult(self.root, [], [])
-        key = tuple(tokens)
+        key = namespaced(tokens, namespace)
         pages = list(pages)
         n = len(key)
         now = self._tick()

@@ -28,6 +28,7 @@ class SeqChunk:
     prefix_len: int
     pages: list[int]
     logits_from: int | None = None
+    lora_uid: int = 0  # the LoRA adapter its tokens go through (radixrt.model.lora; 0: the base model)
 
 
 # the tensors of a ForwardBatch, and their dtypes
@@ -57,6 +58,10 @@ class ForwardBatch:
     # Embedding requests: the forward also keeps the final norm's output at the logits rows (rank 0 only).
     return_hidden: bool = False
     hidden_states: torch.Tensor | None = None  # [logits rows, hidden], set by the forward when return_hidden
+    # LoRA: (adapter uid, first token row, end row) of each request with an adapter; None when none has one.
+    # The runner turns them into ``lora`` (radixrt.model.lora.LoraBatch), which the projections read.
+    lora_spans: list[tuple[int, int, int]] | None = None
+    lora: object | None = None
 
     @property
     def batch_size(self) -> int:
@@ -106,8 +111,11 @@ class ForwardBatch:
                 "page_table": page_table, "prefix_lens": prefix, "extend_lens": extend, "seq_lens": seq_lens,
                 "logits_indices": logits_indices}
         tensors = stage({name: np.asarray(a, dtype=TENSOR_FIELDS[name]) for name, a in host.items()}, device)
+        lora_spans = None
+        if any(c.lora_uid for c in chunks):
+            lora_spans = [(c.lora_uid, int(s), int(s + n)) for c, s, n in zip(chunks, starts, extend) if c.lora_uid]
         return cls(**tensors, logits_counts=counts.tolist(), is_decode=is_decode, max_extend_len=int(extend.max()),
-                   max_seq_len=int(seq_lens.max()))
+                   max_seq_len=int(seq_lens.max()), lora_spans=lora_spans)
 
     @classmethod
     def build_decode(cls, tokens: list[int], prefix_lens: list[int], pages: list[list[int]], page_size: int,

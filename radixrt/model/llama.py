@@ -100,7 +100,10 @@ class Attention(InferenceModule):
         self, positions: torch.Tensor, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(
+        qkv = self.qkv_proj(x)
+        if batch.lora is not None:
+            batch.lora.add(self.layer, "qkv", x, qkv)
+        q, k, v = qkv.split(
             [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], -1
         )
         q = q.view(tokens, self.num_heads, self.head_dim)
@@ -110,12 +113,17 @@ class Attention(InferenceModule):
             q, k = self.q_norm(q), self.k_norm(k)
         q = attn.rope_and_store(self.layer, self.rotary, positions, q, k, v, batch)
         out = attn.attend_layer(self.layer, q, batch, self.sm_scale, self.sliding_window)
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+        out = out.reshape(tokens, self.num_heads * self.head_dim)
+        y = self.o_proj(out)
+        if batch.lora is not None:
+            batch.lora.add(self.layer, "o", out, y)
+        return y
 
 
 class MLP(InferenceModule):
-    def __init__(self, config, tp: TPGroup) -> None:
+    def __init__(self, config, layer: int, tp: TPGroup) -> None:
         super().__init__()
+        self.layer = layer
         self.gate_up_proj = ColumnParallelLinear(
             config.hidden_size, [config.intermediate_size] * 2, bias=getattr(config, "mlp_bias", False), tp=tp
         )
@@ -123,15 +131,23 @@ class MLP(InferenceModule):
             config.intermediate_size, config.hidden_size, bias=getattr(config, "mlp_bias", False), tp=tp
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        lora = batch.lora
+        if lora is None:
+            return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        lora.add(self.layer, "gate_up", x, gate_up)
+        h = silu_and_mul(gate_up)
+        y = self.down_proj(h)
+        lora.add(self.layer, "down", h, y)
+        return y
 
 
 class DecoderLayer(InferenceModule):
     def __init__(self, config, layer: int, rotary: RotaryEmbedding, tp: TPGroup) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer, rotary, tp)
-        self.mlp = MLP(config, tp)
+        self.mlp = MLP(config, layer, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -147,7 +163,7 @@ class DecoderLayer(InferenceModule):
             h, residual = self.input_layernorm.add_forward(x, residual)
         h = self.self_attn(positions, h, batch, attn)
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h), residual
+        return self.mlp(h, batch), residual
 
 
 class LlamaForCausalLM(InferenceModule):

@@ -29,6 +29,7 @@ from radixrt.model.cpu_malloc import keep_freed_memory
 from radixrt.model.attention import AttentionBackend, create_attention_backend
 from radixrt.model.cuda_graph import CudaGraphFactory, GraphFactory, GraphRunner
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.model.lora import Adapters
 from radixrt.model.llama import (
     SUPPORTED_ARCHITECTURES,
     LlamaForCausalLM,
@@ -139,6 +140,9 @@ class ModelRunner:
         graph_factory: GraphFactory | None = None,
         mem_fraction_static: float | None = None,
         deterministic: bool = False,
+        enable_lora: bool = False,
+        lora_adapters: list[tuple[str, str]] | None = None,
+        max_lora_rank: int | None = None,
     ) -> None:
         started = time.perf_counter()
         self.model_path = Path(model_path)
@@ -163,6 +167,15 @@ class ModelRunner:
         self.model.eval()
         self.packed_linears = self.model.pack_linear_weights(deterministic) if self.device.type == "cpu" else 0
         self.model.bind_attributes()  # the model is final: its weights are read as plain attributes
+        self.adapters: Adapters | None = None
+        if enable_lora or lora_adapters:
+            if world is not None:
+                raise ValueError("LoRA adapters do not run with tensor parallelism (--tp-size > 1) yet")
+            self.adapters = Adapters(self.config, self.device, max_lora_rank)
+            for name, path in lora_adapters or ():
+                adapter = self.adapters.load(name, path)
+                logger.info("LoRA adapter %r from %s: rank %d on %s", name, path, adapter.rank,
+                            ", ".join(adapter.targets))
         layout = KVLayout(
             num_layers=self.config.num_hidden_layers,
             kv_heads=self.config.num_key_value_heads * kv_replicas(self.config, tp.size) // tp.size,
@@ -232,6 +245,8 @@ class ModelRunner:
                    context_length=args.context_length, device=args.device, world=world,
                    disable_cuda_graph=args.disable_cuda_graph,
                    deterministic=args.enable_deterministic_inference,
+                   enable_lora=args.enable_lora, lora_adapters=args.lora_adapters(),
+                   max_lora_rank=args.max_lora_rank,
                    cuda_graph_max_bs=args.cuda_graph_max_bs or min(args.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS))
 
     def _pages_per_rank(self, layout: KVLayout, kv_memory_gb: float | None, world: TPWorld) -> int:
@@ -259,8 +274,12 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits (fp32) of the batch's logits rows. From a graph replay they are a view of the graph's output:
         read them before the next forward."""
-        if self.graphs is not None and not batch.return_hidden and self.graphs.can_run(batch):
-            return self.graphs.run(batch)
+        if batch.lora_spans is not None:
+            if self.adapters is None:
+                raise RuntimeError("a batch asks for LoRA adapters but none is enabled")
+            batch.lora = self.adapters.batch(batch.lora_spans, self.device)
+        elif self.graphs is not None and not batch.return_hidden and self.graphs.can_run(batch):
+            return self.graphs.run(batch)  # graphs hold the base model only: adapter batches run eagerly
         if self.world is None:
             return self.model(batch, self.attention)
         if self.world.rank == 0:

@@ -41,6 +41,7 @@ class GenerateReq(msgspec.Struct, tag=True):
     priority: int | None = None  # SGLang's request priority (None: the default)
     session: SessionParams | None = None
     embed: bool = False  # prefill only: the answer is the prompt's pooled hidden state, not tokens
+    lora_path: str | None = None  # the name of a loaded LoRA adapter (SGLang's field name); None: the base model
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -245,9 +246,27 @@ class ProfileOut(msgspec.Struct, tag=True):
     trace_path: str | None = None
 
 
+class LoadLoraReq(msgspec.Struct, tag=True):
+    """SGLang's /load_lora_adapter: load a PEFT adapter (a folder or a hub id) under a name."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoraReq(msgspec.Struct, tag=True):
+    """SGLang's /unload_lora_adapter: refused while a request uses the adapter."""
+
+    lora_name: str
+
+
+class LoraAdaptersOut(msgspec.Struct, tag=True):
+    loaded: dict[str, str]  # every loaded adapter's name -> path, after the call
+
+
 Control = Union[StatsReq, FlushCacheReq, OpenSessionReq, CloseSessionReq, StartProfileReq, StopProfileReq,
-                ProfileStateReq]
-ControlReply = Union[StatsOut, FlushCacheOut, OpenSessionOut, CloseSessionOut, ProfileOut, ProfileStateOut]
+                ProfileStateReq, LoadLoraReq, UnloadLoraReq]
+ControlReply = Union[StatsOut, FlushCacheOut, OpenSessionOut, CloseSessionOut, ProfileOut, ProfileStateOut,
+                     LoraAdaptersOut]
 
 
 class ControlReq(msgspec.Struct, tag=True):

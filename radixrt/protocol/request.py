@@ -2,7 +2,8 @@
 
 ``GenerateInput`` bundles a generation call's arguments, as SGLang's ``GenerateReqInput`` does: exactly one of
 text and input_ids (one prompt or a batch), one sampling-params dict or one per prompt, the logprob options,
-streaming, SGLang's ``priority`` and ``session_params``, and request ids. The Engine builds one from its keyword
+streaming, SGLang's ``priority``, ``session_params`` and ``lora_path`` (a loaded LoRA adapter's name, or one per
+prompt), and request ids. The Engine builds one from its keyword
 arguments, /generate decodes one from its body, the OpenAI routes build one from their mapped fields.
 
 ``prepare`` checks everything cheap before any text is tokenized, then validates every sequence
@@ -44,16 +45,17 @@ class GenerateInput:
     session_params: Any = None
     rid: Any = None  # a request id, or one per sample: replaces generated ids
     embed: bool = False  # an embedding call: prefill only, the answer a vector
+    lora_path: Any = None  # a loaded LoRA adapter's name, or one (or None) per prompt
 
     @classmethod
     def of_call(cls, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
                 return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
                 stream: bool = False, priority: Any = None, session_params: Any = None,
-                rid: Any = None) -> "GenerateInput":
+                rid: Any = None, lora_path: Any = None) -> "GenerateInput":
         """From the arguments of SGLang's ``Engine.generate`` (positionally, in its order)."""
         return cls(text=prompt, input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob,
                    logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, stream=stream,
-                   priority=priority, session_params=session_params, rid=rid)
+                   priority=priority, session_params=session_params, rid=rid, lora_path=lora_path)
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Prepared:
     stream: bool = False
     rids: list[str] | None = None
     embed: bool = False
+    lora_paths: list[str | None] | None = None  # per prompt
 
     @property
     def num_sequences(self) -> int:
@@ -109,6 +112,19 @@ def session_from(value: Any) -> SessionParams | None:
     if params.offset is not None and not 0 <= params.offset <= MAX_OFFSET:
         raise RequestError(f"session_params.offset must be in [0, {MAX_OFFSET}]")
     return params
+
+
+def lora_paths_from(value: Any, count: int) -> list[str | None] | None:
+    """SGLang's ``lora_path``: an adapter's name for every prompt, or a list with one (or null) per prompt; an
+    empty name is the base model. RequestError on anything else."""
+    if value is None:
+        return None
+    names = value if isinstance(value, list) else [value] * count
+    if len(names) != count or not all(n is None or isinstance(n, str) for n in names):
+        raise RequestError(f"lora_path must be an adapter's name or a list of {count} names (or nulls), one per "
+                           "prompt")
+    names = [n or None for n in names]
+    return names if any(names) else None
 
 
 def rids_from(value: Any) -> list[str] | None:
@@ -180,7 +196,7 @@ def prepare(req: GenerateInput, *, encode: Callable[[str], list[int]], limits: M
     if req.embed:
         params = [EMBEDDING_PARAMS] * count
     prepared = Prepared([], params, batched, req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
-                        priority, session, bool(req.stream), rids, req.embed)
+                        priority, session, bool(req.stream), rids, req.embed, lora_paths_from(req.lora_path, count))
     if req.stream and (batched or prepared.num_sequences != 1):
         raise RequestError("stream=True takes one prompt with n=1")
     if rids is not None and len(rids) != prepared.num_sequences:
@@ -197,7 +213,8 @@ def prepare(req: GenerateInput, *, encode: Callable[[str], list[int]], limits: M
 def expand(prepared: Prepared, new_rid: Callable[[], str]) -> list[GenerateReq]:
     """One GenerateReq per sample, in prompt order; the prepared ``rids`` (one per sample) replace generated ids."""
     messages: list[GenerateReq] = []
-    for one_ids, p in zip(prepared.ids, prepared.params):
+    loras = prepared.lora_paths or [None] * len(prepared.ids)
+    for one_ids, p, lora in zip(prepared.ids, prepared.params, loras):
         for i in range(p.n):
             q = p
             if p.n > 1:
@@ -215,5 +232,6 @@ def expand(prepared: Prepared, new_rid: Callable[[], str]) -> list[GenerateReq]:
                 priority=prepared.priority,
                 session=prepared.session,
                 embed=prepared.embed,
+                lora_path=lora,
             ))
     return messages

@@ -19,6 +19,8 @@ priority). Each step:
   victims keep their outputs and wait at the head of their priority, like requests retracted for memory.
 - A request whose uncached prefix overlaps a request just admitted or still prefilling by DEDUP_MIN_TOKENS
   (and at least a page) waits, to read that prefix from the cache instead of computing it twice.
+- LoRA: a request matches the cache in its adapter's namespace, and one whose adapter would make the running
+  batch hold more than ``--max-loras-per-batch`` adapters waits (the requests behind it may go first).
 
 An admitted request's pages come from ``Memory`` (hold the matched path, then take it); admission changes no
 page table itself.
@@ -31,7 +33,7 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from radixrt.memory.radix_cache import RadixCache
+from radixrt.memory.radix_cache import MatchResult, RadixCache
 from radixrt.protocol.messages import FinishReason
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.policy import order_waiting
@@ -115,11 +117,12 @@ class Admission:
             return
         matches: dict[str, tuple[int, TreeNode]] = {}
         for req in ready:
-            m = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False)
+            m = self._match(req)
             matches[req.rid] = (m.num_tokens + m.partial_tokens, m.node)
         budget = self.args.chunked_prefill_size
         committed = sum(self._future_pages(r) for r in running)  # pages promised, not yet allocated
         admitted: list[Req] = []
+        adapters = {r.lora_uid for r in running if r.lora_uid}
         order = order_waiting(self.args.schedule_policy, ready, matches,
                               self.args.schedule_low_priority_values_first)
         for req in order:
@@ -127,6 +130,8 @@ class Admission:
                 break
             if self._shares_uncached_prefix(req, running, admitted, matches[req.rid][0]):
                 continue
+            if req.lora_uid and req.lora_uid not in adapters and len(adapters) >= self.args.max_loras_per_batch:
+                continue  # its adapter would be one too many in the batch: it waits for one to finish
             full = len(running) >= self.args.max_running_requests
             pages = None if full else self._take_in(req, committed, alone=not running)
             if pages is None:
@@ -139,6 +144,8 @@ class Admission:
                     break
             committed += pages
             budget -= req.num_to_compute
+            if req.lora_uid:
+                adapters.add(req.lora_uid)
             admitted.append(req)
             running.append(req)
         self.admitted_now = {id(r) for r in admitted}
@@ -148,7 +155,7 @@ class Admission:
     def _take_in(self, req: Req, committed: int, alone: bool) -> int | None:
         """Give ``req`` its cached prefix if its pages fit (or it would run ``alone``); returns the pages it is
         promised, or None if it waits."""
-        match = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False)
+        match = self._match(req)
         self.memory.hold(match.node)
         wanted = self._pages_wanted(req, len(match.pages))
         # Measured after the hold: the matched pages are no longer evictable, so they are not room.
@@ -176,6 +183,10 @@ class Admission:
         remaining = max(req.params.max_new_tokens - len(req.output_ids), 0)
         return need + math.ceil(remaining * self.new_token_ratio / self.page_size)
 
+    def _match(self, req: Req) -> MatchResult:
+        """The request's cached prefix (in its adapter's namespace), unrecorded."""
+        return self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False, namespace=req.lora_uid)
+
     def _match_limit(self, req: Req) -> int:
         """Tokens the cache may serve: never the last one (its logits are needed), nor prompt logprob rows, nor
         tokens that may still change (``Req.final_len``)."""
@@ -201,7 +212,7 @@ class Admission:
             if other.num_to_compute <= 1 and id(other) not in just_admitted:
                 continue
             # the last token such a prefix would hold first: most requests differ there (one comparison, no copy)
-            if other.total_len < need or other.token_at(last) != fill[last]:
+            if other.total_len < need or other.token_at(last) != fill[last] or other.lora_uid != req.lora_uid:
                 continue
             if common_prefix_len(fill, other.fill_ids) >= need:
                 return True
@@ -236,7 +247,7 @@ class Admission:
                          key=lambda r: (r.urgency(low), -r.arrival))
         if not victims:
             return None
-        match = self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False)
+        match = self._match(req)
         matched = set(match.pages)
         short_slots = len(running) + 1 - self.args.max_running_requests
         short_pages = self._pages_wanted(req, len(match.pages)) - (self.memory.available_pages - committed)

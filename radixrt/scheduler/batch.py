@@ -53,7 +53,8 @@ def logits_from(req: Req, n: int) -> int:
 
 def build_forward_batch(plan: Plan, page_size: int, device: torch.device | str) -> ForwardBatch:
     """The forward's metadata; every planned request's pages must already cover its new tokens."""
-    chunks = [SeqChunk(_tokens(req, n), req.num_computed, req.pages, logits_from(req, n)) for req, n in plan]
+    chunks = [SeqChunk(_tokens(req, n), req.num_computed, req.pages, logits_from(req, n), req.lora_uid)
+              for req, n in plan]
     batch = ForwardBatch.build(chunks, page_size, device)
     batch.return_hidden = any(req.embed and req.num_computed + n == req.total_len for req, n in plan)
     return batch

@@ -23,6 +23,8 @@ from radixrt.protocol.messages import (
     ControlReq,
     FlushCacheOut,
     FlushCacheReq,
+    LoadLoraReq,
+    LoraAdaptersOut,
     OpenSessionOut,
     OpenSessionReq,
     ProfileOut,
@@ -32,6 +34,7 @@ from radixrt.protocol.messages import (
     StatsOut,
     StatsReq,
     StopProfileReq,
+    UnloadLoraReq,
 )
 
 if TYPE_CHECKING:
@@ -72,9 +75,18 @@ def _profile_state(scheduler: Scheduler, req: ProfileStateReq) -> ProfileStateOu
     return ProfileStateOut(scheduler.profiler.running, scheduler.profiler.last_trace)
 
 
+def _load_lora(scheduler: Scheduler, req: LoadLoraReq) -> LoraAdaptersOut:
+    return LoraAdaptersOut(scheduler.load_lora(req.lora_name, req.lora_path))
+
+
+def _unload_lora(scheduler: Scheduler, req: UnloadLoraReq) -> LoraAdaptersOut:
+    return LoraAdaptersOut(scheduler.unload_lora(req.lora_name))
+
+
 HANDLERS: dict[type, Callable[[Any, Any], Any]] = {
     StatsReq: _stats, FlushCacheReq: _flush, OpenSessionReq: _open_session, CloseSessionReq: _close_session,
     StartProfileReq: _start_profile, StopProfileReq: _stop_profile, ProfileStateReq: _profile_state,
+    LoadLoraReq: _load_lora, UnloadLoraReq: _unload_lora,
 }
 
 

@@ -59,10 +59,15 @@ class Req:
     spec: SpecState | None = None
     embed: bool = False  # an embedding request: prefill only, then its pooled hidden state
     embedding: list[float] | None = None
+    # The LoRA adapter its tokens go through (radixrt.model.lora; 0: the base model); also its namespace in
+    # the radix cache, so K/V computed through different weights is never shared.
+    lora_uid: int = 0
 
     @classmethod
-    def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu") -> "Req":
-        """``drawn_seed`` seeds a sampled request that brings no seed of its own."""
+    def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu",
+                     lora_uid: int = 0) -> "Req":
+        """``drawn_seed`` seeds a sampled request that brings no seed of its own; ``lora_uid`` is the loaded
+        adapter ``msg.lora_path`` names."""
         req = cls(
             rid=msg.rid,
             prompt_ids=list(msg.input_ids),
@@ -73,6 +78,7 @@ class Req:
             grammar_spec=msg.grammar,
             priority=msg.priority if msg.priority is not None else 0,
             embed=msg.embed,
+            lora_uid=lora_uid,
         )
         if not msg.params.greedy:
             # Every sampled request draws from its own generator, so its tokens do not depend on the batch.

@@ -47,6 +47,7 @@ from radixrt.protocol.messages import (
 )
 from radixrt.protocol.validation import validate_request
 from radixrt.scheduler.admission import Admission
+from radixrt.scheduler import lora
 from radixrt.scheduler.batch import Plan, build_forward_batch, plan_batch
 from radixrt.scheduler.control import answer
 from radixrt.scheduler.memory import Memory
@@ -181,7 +182,7 @@ class Scheduler:
             if msg.session is not None:
                 msg = self.sessions.resolve(msg)  # an unknown session or rid: this request's 400
             self.validate(msg)
-            req = Req.from_message(msg, seed, self.runner.device)
+            req = Req.from_message(msg, seed, self.runner.device, lora.adapter_uid(self.runner, msg.lora_path))
         except RequestError as exc:
             self._refuse(msg, FinishReason.error(str(exc), status_of(exc)))
             return
@@ -241,6 +242,12 @@ class Scheduler:
     def close_session(self, session_id: str) -> bool:
         """Close a session and release its pin (scheduler thread); False if it was not open."""
         return self.sessions.close(session_id)
+
+    def load_lora(self, name: str, path: str) -> dict[str, str]:
+        return lora.load(self.runner, name, path, self.args.max_loaded_loras)
+
+    def unload_lora(self, name: str) -> dict[str, str]:
+        return lora.unload(self.runner, name, self.waiting + self.running)
 
     @property
     def idle(self) -> bool:

@@ -162,18 +162,18 @@ class Sessions:
         session.records.move_to_end(req.rid)
         while len(session.records) > MAX_RECORDS:
             session.records.popitem(last=False)
-        self._pin(session, req.fill_ids)
+        self._pin(session, req.fill_ids, req.lora_uid)
 
     # ----- pins ---------------------------------------------------------------------------------------
 
-    def _pin(self, session: Session, context: list[int]) -> None:
+    def _pin(self, session: Session, context: list[int], namespace: int = 0) -> None:
         if self.cache.disabled:
             return
         cap = self.session_max_pages
         if self.sessions_max_pages is not None:
             cap = self.sessions_max_pages if cap is None else min(cap, self.sessions_max_pages)
         tokens = context if cap is None else context[: cap * self.page_size]
-        match = self.cache.match_prefix(tokens, record=False)
+        match = self.cache.match_prefix(tokens, record=False, namespace=namespace)
         if not match.pages:
             self._unpin(session)
             return

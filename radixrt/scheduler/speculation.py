@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixrt.memory.radix_cache import namespaced, plain
 from radixrt.scheduler.drafts import ContextIndex, History, Match, cache_continuation, candidates, ngram_match, support
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.request import Req
@@ -315,7 +316,8 @@ class Speculator:
     def _match(self, req: Req, tokens: list[int], limit: int, ngrams: bool) -> Match | None:
         if self.from_cache and req.node is not None:
             tree_tokens = req.num_tree_pages * self.page_size
-            continuation = cache_continuation(req.node, tokens[tree_tokens:], self.page_size, limit)
+            tail = namespaced(tokens[tree_tokens:], req.lora_uid)
+            continuation = plain(cache_continuation(req.node, tail, self.page_size, limit), req.lora_uid)
             if continuation:
                 return Match(continuation, len(tokens), "cache")
         if not ngrams:
