@@ -29,14 +29,20 @@ from .launcher import ServerProcess
 
 
 def server_flags(kwargs: Dict[str, Any]) -> List[str]:
-    """`radixrt serve` flags for Runtime's keyword arguments: ``name=value`` is ``--name value``, ``True`` a bare
-    flag, ``None`` and ``False`` nothing."""
+    """`radixrt serve` flags for Runtime's keyword arguments: ``name=value`` is ``--name value``, a list
+    ``--name v1 v2``, a dict (SGLang's ``lora_paths={name: path}``) ``--name k1=v1 k2=v2``, ``True`` a bare flag,
+    ``None`` and ``False`` nothing."""
     flags: List[str] = []
     for name, value in kwargs.items():
         if value is None or value is False:
             continue
         flag = "--" + name.replace("_", "-")
-        flags += [flag] if value is True else [flag, str(value)]
+        if isinstance(value, dict):
+            value = [f"{k}={v}" for k, v in value.items()]
+        if isinstance(value, (list, tuple)):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag] if value is True else [flag, str(value)]
     return flags
 
 

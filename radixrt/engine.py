@@ -44,10 +44,12 @@ from radixrt.protocol.messages import (
     Control,
     ControlOut,
     FlushCacheReq,
+    LoadLoraReq,
     OpenSessionReq,
     StartProfileReq,
     StatsReq,
     StopProfileReq,
+    UnloadLoraReq,
 )
 from radixrt.protocol.request import GenerateInput, Prepared
 from radixrt.server_args import ENGINE_SCHEDULERS, ServerArgs
@@ -251,9 +253,11 @@ class Engine:
         priority: int | None = None,
         session_params: dict | None = None,
         rid: str | list[str] | None = None,
+        lora_path: str | list[str | None] | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
+        """SGLang's ``Engine.generate``; ``lora_path`` names a loaded LoRA adapter (or one per prompt)."""
         req = GenerateInput.of_call(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                    top_logprobs_num, stream, priority, session_params, rid)
+                                    top_logprobs_num, stream, priority, session_params, rid, lora_path)
         waker = ThreadWaker()
         prepared, handles = self._submit(req, waker)
         if stream:
@@ -314,9 +318,10 @@ class Engine:
         priority: int | None = None,
         session_params: dict | None = None,
         rid: str | list[str] | None = None,
+        lora_path: str | list[str | None] | None = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         req = GenerateInput.of_call(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                    top_logprobs_num, stream, priority, session_params, rid)
+                                    top_logprobs_num, stream, priority, session_params, rid, lora_path)
         waker = LoopWaker()
         prepared, handles = self._submit(req, waker)
         if stream:
@@ -382,6 +387,17 @@ class Engine:
     def close_session(self, session_id: str) -> None:
         """Close a session and release its pages to the cache; closing an unknown session does nothing."""
         self._call(CloseSessionReq(session_id))
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> dict[str, str]:
+        """Load a LoRA adapter (a PEFT folder or a hub id) under ``lora_name``, for requests that name it by
+        ``lora_path=``; needs ``enable_lora=True``. Returns every loaded adapter's name -> path; ValueError for a
+        name in use, an adapter that cannot be served, or one past ``max_loaded_loras``. (``pinned``, SGLang's
+        keep-in-GPU-memory hint, changes nothing: every loaded adapter stays in memory.)"""
+        return self._call(LoadLoraReq(lora_name, lora_path)).loaded
+
+    def unload_lora_adapter(self, lora_name: str) -> dict[str, str]:
+        """Unload an adapter; ValueError while requests use it or if none is loaded under that name."""
+        return self._call(UnloadLoraReq(lora_name)).loaded
 
     def start_profile(self) -> None:
         """Start torch.profiler on the scheduler thread (see radixrt.scheduler.profiler)."""

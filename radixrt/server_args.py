@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -28,7 +29,7 @@ from radixrt import env
 DEFAULT_MODEL = "smollm2-135m"
 
 _CLI_TYPES = {"int": int, "float": float, "str": str, "int | None": int, "float | None": float,
-              "str | None": str}
+              "str | None": str, "list[str] | None": str}
 
 # The values of the fixed-choice options. The modules that act on them (model/runner.py's DTYPES,
 # model/attention.py, scheduler/policy.py, server/openai_tools.py, reasoning/) take the same sets;
@@ -145,13 +146,19 @@ class ServerArgs:
     download_dir: str | None = field(default=None, metadata={"no_effect": "hub downloads go to the Hugging Face cache"})
     file_storage_path: str | None = field(default=None, metadata={"no_effect": "radixrt has no files API"})
     load_format: str = field(default="auto", metadata={"no_effect": "the format is read from the path (a folder of safetensors, or a .gguf file)", "choices": ("auto", "safetensors", "gguf")})
+    # ----- LoRA adapters (radixrt.model.lora) -----
+    enable_lora: bool = field(default=False, metadata={"help": "serve LoRA adapters, loaded at start-up (--lora-paths) or later (/load_lora_adapter); implied by --lora-paths"})
+    lora_paths: list[str] | None = field(default=None, metadata={"help": "LoRA adapters to load at start-up, each PATH (named by its path), NAME=PATH, or JSON {\"lora_name\": ..., \"lora_path\": ...}; a path is a PEFT adapter folder or a hub id"})
+    max_loras_per_batch: int = field(default=8, metadata={"help": "different adapters a batch may hold at most (the base model not counted); requests for more wait"})
+    max_loaded_loras: int | None = field(default=None, metadata={"help": "adapters loaded at once at most (a load beyond it is refused; default: no limit)"})
+    max_lora_rank: int | None = field(default=None, metadata={"help": "refuse adapters of a larger rank (default: any rank)"})
+    lora_target_modules: list[str] | None = field(default=None, metadata={"no_effect": "an adapter may target any projection of the decoder; each adapter's own are read from it"})
+    lora_backend: str | None = field(default=None, metadata={"no_effect": "the low-rank products run as torch matrix products on every device"})
     # ----- SGLang's launch flags asking for what radixrt does not serve: refused unless they ask for nothing -----
     quantization: str | None = field(default=None, metadata={"refused": ("quantized inference (a GGUF file is dequantized at load)", (None,))})
     kv_cache_dtype: str = field(default="auto", metadata={"refused": ("a KV cache dtype other than the model's", ("auto",))})
     tokenizer_mode: str = field(default="auto", metadata={"refused": ("the slow tokenizer", ("auto",))})
     skip_tokenizer_init: bool = field(default=False, metadata={"refused": ("serving without a tokenizer", (False,))})
-    enable_lora: bool = field(default=False, metadata={"refused": ("LoRA adapters", (False,))})
-    lora_paths: str | None = field(default=None, metadata={"refused": ("LoRA adapters", (None,))})
     json_model_override_args: str = field(default="{}", metadata={"refused": ("overriding the model's config", ("{}", ""))})
     revision: str | None = field(default=None, metadata={"refused": ("a hub revision other than the default", (None, "main"))})
 
@@ -170,6 +177,8 @@ class ServerArgs:
             self.speculative_algorithm = "NGRAM"
         if self.enable_deterministic_inference:
             self._check_deterministic()
+        if self.lora_paths is not None or self.enable_lora:
+            self._check_lora()
         for f in fields(self):
             value = getattr(self, f.name)
             choices = f.metadata.get("choices")
@@ -178,6 +187,47 @@ class ServerArgs:
             refused = f.metadata.get("refused")
             if refused is not None and value not in refused[1]:
                 raise ValueError(f"{f.name}={value!r}: radixrt does not serve {refused[0]}")
+
+    def _check_lora(self) -> None:
+        if isinstance(self.lora_paths, str):
+            self.lora_paths = [self.lora_paths]
+        self.enable_lora = True
+        adapters = self.lora_adapters()
+        names = [name for name, _ in adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lora_paths names an adapter twice: {', '.join(sorted(n for n in names if names.count(n) > 1))}")
+        if self.max_loaded_loras is not None and len(adapters) > self.max_loaded_loras:
+            raise ValueError(f"{len(adapters)} lora_paths for max_loaded_loras {self.max_loaded_loras}")
+        if self.tp_size > 1:
+            raise ValueError("LoRA adapters do not run with tensor parallelism (tp_size > 1) yet")
+        if self.enable_deterministic_inference:
+            raise ValueError("enable_deterministic_inference does not run with LoRA adapters: their low-rank "
+                             "products are torch's, whose sums may change with the rows beside them")
+        if self.max_loras_per_batch < 1:
+            raise ValueError("max_loras_per_batch must be >= 1")
+
+    def lora_adapters(self) -> list[tuple[str, str]]:
+        """``--lora-paths`` as (name, path) pairs: ``PATH`` (named by itself), ``NAME=PATH`` or SGLang's JSON form."""
+        out = []
+        for entry in self.lora_paths or ():
+            if not isinstance(entry, str) or not entry.strip():
+                raise ValueError(f"lora_paths entry {entry!r} is not an adapter path")
+            entry = entry.strip()
+            if entry.startswith("{"):
+                try:
+                    spec = json.loads(entry)
+                    out.append((str(spec["lora_name"]), str(spec["lora_path"])))
+                except (ValueError, KeyError, TypeError):
+                    raise ValueError(f"lora_paths entry {entry!r}: the JSON form is "
+                                     '{"lora_name": ..., "lora_path": ...}') from None
+            elif "=" in entry:
+                name, _, path = entry.partition("=")
+                if not name or not path:
+                    raise ValueError(f"lora_paths entry {entry!r}: NAME=PATH needs both")
+                out.append((name, path))
+            else:
+                out.append((entry, entry))
+        return out
 
     def _check_deterministic(self) -> None:
         """What deterministic inference cannot run with, refused before anything starts (the model runner checks
@@ -212,8 +262,9 @@ class ServerArgs:
             kind = _CLI_TYPES.get(str(f.type))
             if kind is None:
                 raise TypeError(f"ServerArgs.{f.name}: no command-line parser for type {f.type}")
+            many = {"nargs": "+"} if str(f.type).startswith("list[") else {}
             parser.add_argument(*flags, dest=f.name, type=kind, default=f.default, help=help_text,
-                                choices=f.metadata.get("choices"))
+                                choices=f.metadata.get("choices"), **many)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

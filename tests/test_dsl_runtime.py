@@ -98,7 +98,7 @@ def test_bad_options_fail_clearly(runtime):
         sgl.Runtime(model_path="smollm2-135m", not_a_radixrt_option=3, launch_timeout=120)
     with pytest.raises(TypeError, match="kv_memory$"):  # an abbreviation is not an option's name
         sgl.Runtime(model_path="smollm2-135m", kv_memory=0.05, dtype="float32", log_interval=0)
-    for options in ({"lora_paths": "adapter"}, {"quantization": "fp8"}, {"kv_cache_dtype": "fp8_e4m3"},
+    for options in ({"quantization": "fp8"}, {"kv_cache_dtype": "fp8_e4m3"},
                     {"dtype": "bf15"}):
         with pytest.raises(ValueError, match=next(iter(options))):
             sgl.Runtime(model_path="smollm2-135m", **options)
@@ -110,6 +110,9 @@ def test_options_become_server_flags():
                          "max_total_tokens": 100, "tokenizer_path": None}) == [
         "--model-path", "m", "--tp-size", "1", "--mem-fraction-static", "0.5", "--log-level-http", "info",
         "--disable-radix-cache", "--dp-size", "2", "--max-total-tokens", "100"]
+    # SGLang's lora_paths as a list or as a dict of names to paths
+    assert server_flags({"lora_paths": ["/a", "b=/b"]}) == ["--lora-paths", "/a", "b=/b"]
+    assert server_flags({"lora_paths": {"a": "/a", "b": "/b"}}) == ["--lora-paths", "a=/a", "b=/b"]
 
 
 def test_the_default_backend_is_the_runtime_set(runtime):

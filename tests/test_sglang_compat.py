@@ -121,7 +121,7 @@ def test_generate_ignores_fields_that_do_not_change_the_result(http, server, ref
 
 
 @pytest.mark.parametrize("field,value", [
-    ("image_data", "https://example.com/cat.png"), ("input_embeds", [[0.1, 0.2]]), ("lora_path", "adapter"),
+    ("image_data", "https://example.com/cat.png"), ("input_embeds", [[0.1, 0.2]]), ("lora_id", "adapter-id"),
     ("custom_logit_processor", "{}"), ("return_hidden_states", True), ("bootstrap_host", "10.0.0.1"),
     ("token_ids_logprob", [1, 2]), ("return_entropy", True),
     ("routed_experts_start_len", 2), ("cache_salt", "tenant"),
@@ -195,7 +195,7 @@ def test_completion_takes_sglang_extras(http):
 
 @pytest.mark.parametrize("field,value", [
     ("no_stop_trim", True), ("continue_final_message", True),
-    ("lora_path", "adapter"), ("return_hidden_states", True), ("reasoning_effort", "low"),
+    ("custom_params", {"a": 1}), ("return_hidden_states", True), ("reasoning_effort", "low"),
     ("reasoning", {"effort": "low"}),
 ])
 def test_chat_refuses_what_radixrt_cannot_do(http, field, value):

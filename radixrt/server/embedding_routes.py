@@ -31,9 +31,9 @@ def add_embedding_routes(app: FastAPI, tm: TokenizerManager) -> None:
 
 async def embeddings(tm: TokenizerManager, request: Request) -> Response:
     req = decode_request(await request.body(), oai.EmbeddingRequest)
-    model = served_model(tm, req.model)
+    model, lora = served_model(tm, req.model)
     prompts = oai.check_embedding(req)
-    prepared = await tm.off_loop(_prepare, tm, prompts)
+    prepared = await tm.off_loop(_prepare, tm, prompts, lora)
     states = tm.submit(prepared)
     await gather(request, tm, states, stream=False)
     data = [{"object": "embedding", "index": i, "embedding": encode_vector(s.builder.embedding, req.encoding_format)}
@@ -43,8 +43,9 @@ async def embeddings(tm: TokenizerManager, request: Request) -> Response:
                           "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
 
 
-def _prepare(tm: TokenizerManager, prompts: list[str | list[int]]) -> Prepared:
-    return tm.prepare(GenerateInput(input_ids=prompt_ids(tm, prompts), embed=True))
+def _prepare(tm: TokenizerManager, prompts: list[str | list[int]], lora: str | None) -> Prepared:
+    """Each input a prefill-only request (through the LoRA adapter ``model`` names, if it names one)."""
+    return tm.prepare(GenerateInput(input_ids=prompt_ids(tm, prompts), embed=True, lora_path=lora))
 
 
 def encode_vector(vector: list[float], encoding_format: str | None) -> Any:

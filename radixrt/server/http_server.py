@@ -23,6 +23,7 @@ from typing import Callable
 from fastapi import FastAPI
 
 from radixrt.server.embedding_routes import add_embedding_routes
+from radixrt.server.lora_routes import add_lora_routes
 from radixrt.server.native_routes import add_native_routes
 from radixrt.server.openai_routes import add_openai_routes
 from radixrt.server.ops_routes import add_ops_routes
@@ -34,6 +35,7 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
     """``health()`` returns None when all processes are alive, else why not."""
     app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
     add_native_routes(app, tm)
+    add_lora_routes(app, tm)
     add_ops_routes(app, tm, health)
     add_openai_routes(app, tm)
     add_embedding_routes(app, tm)

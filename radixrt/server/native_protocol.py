@@ -44,6 +44,7 @@ class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
     rid: str | list[str] | None = None
     priority: int | None = None
     session_params: dict | None = None
+    lora_path: str | list[str | None] | None = None  # a loaded LoRA adapter's name, or one per prompt
 
     def sampling_dicts(self) -> dict | list[dict] | None:
         """The sampling params as the JSON-like dicts the runtime's request path takes."""
@@ -54,7 +55,7 @@ class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
         return GenerateInput(text=self.text, input_ids=self.input_ids, sampling_params=self.sampling_dicts(),
                              return_logprob=self.return_logprob, logprob_start_len=self.logprob_start_len,
                              top_logprobs_num=self.top_logprobs_num, stream=self.stream, priority=self.priority,
-                             session_params=self.session_params, rid=self.rid)
+                             session_params=self.session_params, rid=self.rid, lora_path=self.lora_path)
 
 
 GenerateBody = msgspec.defstruct("GenerateBody", struct_fields(GENERATE), bases=(GenerateCore,),
@@ -128,3 +129,16 @@ class DetokenizeBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     model: str | None = None
     tokens: TokenLists
     skip_special_tokens: bool = True
+
+
+class LoadLoraBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's /load_lora_adapter: a PEFT adapter folder or hub id, under a name. ``pinned`` (SGLang's hint to keep
+    it in GPU memory) changes nothing: every loaded adapter stays in memory."""
+
+    lora_name: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    lora_path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    pinned: bool = False
+
+
+class UnloadLoraBody(msgspec.Struct, forbid_unknown_fields=True):
+    lora_name: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]

@@ -63,6 +63,7 @@ class _Common(_SGLangExtras, forbid_unknown_fields=True, kw_only=True):
     rid: str | list[str] | None = None
     priority: int | None = None  # SGLang's request priority (checked by radixrt.protocol.request.prepare)
     session_params: dict | None = None  # SGLang's session of the request (checked by radixrt.protocol.request.prepare)
+    lora_path: str | None = None  # SGLang's: a loaded LoRA adapter's name (``model`` may name one too)
 
     def rids(self) -> list[str] | None:
         return None if self.rid is None else ([self.rid] if isinstance(self.rid, str) else list(self.rid))

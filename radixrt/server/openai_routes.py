@@ -69,12 +69,24 @@ def add_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
     route(app, "/v1/completions", ["POST"], completions, tm)
 
 
-def served_model(tm: TokenizerManager, name: str | None) -> str:
-    """The name answers carry; a request may name the model by any of the names the server knows it by."""
+def served_model(tm: TokenizerManager, name: str | None, lora_path: str | None = None) -> tuple[str, str | None]:
+    """(the name answers carry, the LoRA adapter the request runs through). A request names the base model by any
+    of the names the server knows it by; an adapter by its name (vLLM's way), as ``BASE:ADAPTER`` (SGLang's), or
+    in ``lora_path``; the answers carry the name the request gave."""
+    base = tm.model_info["served_model_name"]
+    adapter = None
     if name is not None and name not in tm.served_names():
-        raise ModelNotFound(f"The model `{name}` does not exist; this server serves "
-                            f"`{tm.model_info['served_model_name']}`")
-    return tm.model_info["served_model_name"]
+        head, _, tail = name.rpartition(":")
+        if name in tm.lora_adapters:
+            adapter = name
+        elif head in tm.served_names() and tail in tm.lora_adapters:
+            adapter = tail
+        else:
+            adapters = "".join(f", `{a}`" for a in tm.lora_adapters)
+            raise ModelNotFound(f"The model `{name}` does not exist; this server serves `{base}`{adapters}")
+    if lora_path is not None and adapter is not None and lora_path != adapter:
+        raise RequestError(f"model `{name}` and lora_path `{lora_path}` name two LoRA adapters")
+    return (name if adapter is not None else base), adapter or lora_path
 
 
 def model_card(tm: TokenizerManager) -> dict[str, Any]:
@@ -84,22 +96,28 @@ def model_card(tm: TokenizerManager) -> dict[str, Any]:
             "root": info["model_path"], "max_model_len": info["context_length"]}
 
 
+def adapter_card(tm: TokenizerManager, name: str) -> dict[str, Any]:
+    """A loaded LoRA adapter as vLLM lists it: its own model object, ``parent`` the base model."""
+    return {**model_card(tm), "id": name, "root": tm.lora_adapters[name], "parent": tm.model_info["served_model_name"]}
+
+
 async def models(tm: TokenizerManager, request: Request) -> Response:
-    return json_response({"object": "list", "data": [model_card(tm)]})
+    return json_response({"object": "list", "data": [model_card(tm), *(adapter_card(tm, a) for a in tm.lora_adapters)]})
 
 
 async def retrieve_model(tm: TokenizerManager, request: Request) -> Response:
-    """OpenAI's GET /v1/models/{model}: the model object by any name the server knows it by, else 404."""
-    served_model(tm, request.path_params["model"])
-    return json_response(model_card(tm))
+    """OpenAI's GET /v1/models/{model}: the model object by any name the server knows it by (an adapter's too),
+    else 404."""
+    name, adapter = served_model(tm, request.path_params["model"])
+    return json_response(model_card(tm) if adapter is None else adapter_card(tm, adapter))
 
 
 async def chat_completions(tm: TokenizerManager, tools: ServerTools, reasoning: ReasoningFormat | None,
                            request: Request) -> Response:
     req = decode_request(await request.body(), oai.ChatCompletionRequest)
-    model = served_model(tm, req.model)
+    model, lora = served_model(tm, req.model, req.lora_path)
     messages = oai.check_chat(req, tm.args.max_messages, tm.args.max_tools, tm.client_limits)
-    prepared, plan, thinking = await tm.off_loop(_prepare_chat, tm, tools, reasoning, req, messages)
+    prepared, plan, thinking = await tm.off_loop(_prepare_chat, tm, tools, reasoning, req, messages, lora)
     states = tm.submit(prepared)
     answer = OpenAIAnswer(chat=True, model=model, n=req.n, want_logprobs=req.logprobs, token_text=tm.token_text,
                           include_usage=_include_usage(req), tool_format=plan.fmt if plan is not None else None,
@@ -109,9 +127,9 @@ async def chat_completions(tm: TokenizerManager, tools: ServerTools, reasoning: 
 
 async def completions(tm: TokenizerManager, request: Request) -> Response:
     req = decode_request(await request.body(), oai.CompletionRequest)
-    model = served_model(tm, req.model)
+    model, lora = served_model(tm, req.model, req.lora_path)
     prompts = oai.check_completion(req)
-    prepared = await tm.off_loop(_prepare_completion, tm, req, prompts)
+    prepared = await tm.off_loop(_prepare_completion, tm, req, prompts, lora)
     states = tm.submit(prepared)
     echo = [await tm.off_loop(tm.tokenizer.decode, one) if req.echo else "" for one in prepared.ids
             for _ in range(req.n)]
@@ -129,7 +147,7 @@ def _include_usage(req: oai.ChatCompletionRequest | oai.CompletionRequest) -> bo
 
 
 def _prepare_chat(tm: TokenizerManager, tools: ServerTools, reasoning: ReasoningFormat | None,
-                  req: oai.ChatCompletionRequest, messages: list[dict[str, Any]]
+                  req: oai.ChatCompletionRequest, messages: list[dict[str, Any]], lora: str | None
                   ) -> tuple[Prepared, ToolPlan | None, ReasoningPlan | None]:
     plan = plan_tools(req, tools.fmt, tools.native, tools.constrained)
     ids = chat_prompt_ids(tm, tools, messages, plan, template_kwargs=template_kwargs(req.chat_template_kwargs))
@@ -144,7 +162,7 @@ def _prepare_chat(tm: TokenizerManager, tools: ServerTools, reasoning: Reasoning
     constrain_after_reasoning(sampling, thinking)
     prepared = tm.prepare(GenerateInput(input_ids=[ids], sampling_params=[sampling], return_logprob=bool(req.logprobs),
                                         top_logprobs_num=top, priority=req.priority,
-                                        session_params=req.session_params, rid=req.rids()))
+                                        session_params=req.session_params, rid=req.rids(), lora_path=lora))
     return prepared, plan, thinking
 
 
@@ -172,8 +190,8 @@ def prompt_ids(tm: TokenizerManager, prompts: list[str | list[int]]) -> list[lis
     return ids
 
 
-def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompts: list[str | list[int]]
-                        ) -> Prepared:
+def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompts: list[str | list[int]],
+                        lora: str | None) -> Prepared:
     ids = prompt_ids(tm, prompts)
     max_new = oai.completion_max_new_tokens(req)
     sampling = [oai.sampling_dict(req, tm.max_new_tokens_default(len(one)) if max_new is None else max_new)
@@ -182,7 +200,7 @@ def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompt
     return tm.prepare(GenerateInput(input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs is not None,
                                     logprob_start_len=0 if req.echo and req.logprobs is not None else None,
                                     top_logprobs_num=req.logprobs or 0, priority=req.priority,
-                                    session_params=req.session_params, rid=req.rids()))
+                                    session_params=req.session_params, rid=req.rids(), lora_path=lora))
 
 
 # ----- answers ----------------------------------------------------------------------------------------

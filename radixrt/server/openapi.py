@@ -28,9 +28,11 @@ from radixrt.server.native_protocol import (
     CloseSessionBody,
     DetokenizeBody,
     GenerateBody,
+    LoadLoraBody,
     OpenSessionBody,
     StartProfileBody,
     TokenizeBody,
+    UnloadLoraBody,
 )
 
 REF = "#/components/schemas/{name}"
@@ -91,7 +93,11 @@ BOUNDS: dict[str, dict[str, Any]] = {
 }
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
 STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProfileBody, oai.CompletionRequest, oai.ChatCompletionRequest,
-           TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, ErrorResponse]
+           TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, LoadLoraBody, UnloadLoraBody, ErrorResponse]
+
+LORA_ANSWER = {"type": "object", "required": ["success", "loaded_adapters"], "properties": {
+    "success": {"type": "boolean"}, "error_message": {"type": ["string", "null"]},
+    "loaded_adapters": {"type": "object", "additionalProperties": {"type": "string"}}}}
 
 
 MESSAGE_SCHEMA = {
@@ -290,8 +296,8 @@ def _responses(ok: dict[str, Any], *errors: int) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorResponse")}}}}
     out: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
     for code in errors:
-        out[str(code)] = {"description": {400: "bad request", 404: "unknown model or session", 405: "method not allowed",
-                                          409: "the session id is already open",
+        out[str(code)] = {"description": {400: "bad request", 404: "unknown model, session or LoRA adapter", 405: "method not allowed",
+                                          409: "a session id or LoRA adapter name in use, or an adapter in use",
                                           503: "overloaded or the runtime is down"}[code], **error}
     return out
 
@@ -310,6 +316,13 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
 
     def post(summary: str, body: str, ok: dict[str, Any], *errors: int) -> dict[str, Any]:
         return {"summary": summary, "requestBody": _json_body(body), "responses": _responses(ok, *errors)}
+
+    def lora_change(summary: str, body: str) -> dict[str, Any]:
+        """SGLang's answer to a LoRA load or unload, success or not (radixrt.server.lora_routes)."""
+        answer = {"description": "the adapters loaded after the call, or why it failed",
+                  "content": {"application/json": {"schema": LORA_ANSWER}}}
+        return {"summary": summary, "requestBody": _json_body(body),
+                "responses": {str(code): answer for code in (200, 400, 404, 409)}}
 
     flush = get("drop the prefix cache (refused while requests are in flight)", text_ok, 400, 503)
     paths = {
@@ -337,6 +350,9 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
                      "requestBody": {**_json_body("StartProfileBody"), "required": False}}},
         "/stop_profile": {m: get("stop the profiler and write its trace (400 when none runs)", text_ok, 400, 503)
                           for m in ("get", "post")},
+        "/load_lora_adapter": {"post": lora_change("load a LoRA adapter (a PEFT folder or hub id) under a name",
+                                                   "LoadLoraBody")},
+        "/unload_lora_adapter": {"post": lora_change("unload a LoRA adapter no request uses", "UnloadLoraBody")},
         "/health": {"get": get("200 while every process is alive", json_ok, 503)},
         "/health_generate": {"get": get("200 once a one-token generation went through the scheduler", json_ok,
                                         503)},

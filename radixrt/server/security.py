@@ -25,7 +25,8 @@ from typing import Any, Awaitable, Callable
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 OPEN_PATHS = frozenset({"/health"})
-ADMIN_PATHS = frozenset({"/flush_cache", "/abort_request", "/start_profile", "/stop_profile"})
+ADMIN_PATHS = frozenset({"/flush_cache", "/abort_request", "/start_profile", "/stop_profile", "/load_lora_adapter",
+                         "/unload_lora_adapter"})
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

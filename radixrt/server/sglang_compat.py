@@ -22,7 +22,7 @@ LOGGING = Ignored("a logging or metrics switch; it does not change the output")
 SESSION_ID = Ignored("a session's identity; it does not change the prompt")
 PD = Unsupported("prefill-decode disaggregation")
 MULTIMODAL = Unsupported("multimodal input; radixrt serves text models")
-LORA = Unsupported("LoRA adapters")
+LORA_ID = Unsupported("LoRA adapter ids (name the adapter with lora_path)")
 CUSTOM_LOGITS = Unsupported("custom logit processors")
 HIDDEN = Unsupported("returning hidden states", (None, False))
 CACHE_NAMESPACE = Unsupported("separate prefix-cache namespaces")
@@ -34,7 +34,6 @@ _SHARED: dict[str, Rule] = {
     "routed_dp_rank": ONE_RANK,
     "session_id": SESSION_ID,
     "custom_labels": LOGGING,
-    "lora_path": LORA,
     "custom_logit_processor": CUSTOM_LOGITS,
     "return_hidden_states": HIDDEN,
     "return_routed_experts": EXPERTS,
@@ -81,7 +80,7 @@ GENERATE: dict[str, Rule] = {
     "return_flat_raw_top_logprobs": Unsupported("flat top-logprob arrays"),
     "return_flat_raw_top_logprobs_b64": Unsupported("flat top-logprob arrays"),
     "return_indexer_topk": EXPERTS,
-    "lora_id": LORA,
+    "lora_id": LORA_ID,
     "positional_embed_overrides": Unsupported("embedding overrides"),
     "bootstrap_pair_key": PD,
     "decode_tp_size": PD,

@@ -46,6 +46,9 @@ class TokenizerManager:
         self.metrics = self.client.metrics
         self._ready_event: asyncio.Event | None = None
         self._token_text_cache: dict[int, str] = {}
+        # The loaded LoRA adapters' names -> paths: those of --lora-paths (the scheduler loads them all or does not
+        # start), then as /load_lora_adapter and /unload_lora_adapter leave them.
+        self.lora_adapters: dict[str, str] = dict(args.lora_adapters())
         # Tokenizing, chat templating and detokenizing run here, off the event loop: a large request costs
         # only its own latency, never the other clients'.
         self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="radixrt-tokenize")
