@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from radixrt.bench import peer_run
 from radixrt.bench import vs_vllm as v
@@ -44,8 +45,10 @@ def test_workload_knobs_shrink_a_b_and_c():
 
 
 def test_parse_workloads():
-    assert v.parse_workloads(v.DEFAULT_WORKLOADS) == [("a", False), ("b", False), ("b", True), ("c", True)]
-    for bad in ("d:cache", "a:maybe", "a", ""):
+    assert v.parse_workloads(v.DEFAULT_WORKLOADS) == [("a", False, False), ("b", False, False), ("b", True, False),
+                                                      ("c", True, False)]
+    assert v.parse_workloads("a:nocache:lora") == [("a", False, True)]
+    for bad in ("d:cache", "a:maybe", "a", "", "a:cache:lorax"):
         with pytest.raises(ValueError):
             v.parse_workloads(bad)
 
@@ -123,6 +126,34 @@ def test_peer_run_result_has_the_fields(tmp_path, capsys):
     profile = json.loads(next(line for line in out.splitlines() if line.startswith("PROFILE_JSON")).split(" ", 1)[1])
     assert profile["self_cpu_s"]["gemm"] > 0 and profile["self_cpu_s"]["attention"] > 0
     assert profile["wall_s"] > 0 and len(profile["top"]) == 10
+
+
+@pytest.mark.model
+def test_peer_run_serves_each_prompt_through_an_adapter(tmp_path, capsys):
+    from radixrt.bench.random_adapters import write_random_adapters
+    from radixrt.model.weights import resolve_model_path
+    from radixrt.server_args import DEFAULT_MODEL
+
+    model = str(resolve_model_path(DEFAULT_MODEL))
+    path = tmp_path / "workload.json"
+    path.write_text(json.dumps(v.build_workloads(v.tokenizer_encoder(model), num_prompts=3, output_len=3)))
+    adapters = write_random_adapters(model, tmp_path / "adapters", count=2, rank=4)
+    assert peer_run.main(["radixrt", model, str(path), "a", "nocache", "float32", "--lora",
+                          ",".join(map(str, adapters))]) == 0
+    result = v.parse_result(capsys.readouterr().out)
+    assert result["workload"] == "a+2lora" and result["out_tok_s"] > 0
+
+
+@pytest.mark.model
+def test_random_adapters_target_every_projection(tmp_path, default_model_path):
+    from radixrt.bench.random_adapters import write_random_adapter
+    from radixrt.model.lora import Adapters
+    from radixrt.model.runner import load_config
+
+    adapters = Adapters(load_config(default_model_path), torch.device("cpu"))
+    adapter = adapters.load("x", str(write_random_adapter(default_model_path, tmp_path / "x", rank=4)))
+    assert adapter.rank == 4 and len(adapter.targets) == 7
+    assert len(adapter.updates) == 4 * load_config(default_model_path).num_hidden_layers  # qkv, o, gate_up, down
 
 
 def test_operators_are_classed_by_name():

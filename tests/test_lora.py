@@ -9,6 +9,7 @@ import torch
 
 from radixrt.memory.page_pool import KVLayout, PagePool
 from radixrt.memory.radix_cache import RadixCache
+from radixrt.model import lora_batch
 from radixrt.model.lora import AdapterError
 from radixrt.model.runner import ModelRunner
 from radixrt.protocol.errors import RequestError
@@ -46,8 +47,12 @@ def _runner(folder, adapters, **kwargs) -> ModelRunner:
                        lora_adapters=[(n, str(p)) for n, p in adapters.items()], **kwargs)
 
 
+@pytest.mark.parametrize("way", ["stacked", "grouped"])
 @pytest.mark.parametrize("mode", ["one_extend", "decode_steps", "mixed"])
-def test_each_adapters_rows_of_a_mixed_batch_equal_peft(family, mode):
+def test_each_adapters_rows_of_a_mixed_batch_equal_peft(family, mode, way, monkeypatch):
+    """Every row through all the batch's adapters, masked (the way of decode steps), or each adapter's rows
+    through its own (prefill chunks): the same logits."""
+    monkeypatch.setattr(lora_batch, "STACKED_MAX_ROWS", 10**9 if way == "stacked" else 0)
     folder, adapters, expected = family
     runner = _runner(folder, adapters)
     # the three prompts in one batch, each through another adapter (or none), in every rotation
@@ -62,6 +67,19 @@ def test_each_adapters_rows_of_a_mixed_batch_equal_peft(family, mode):
     # the adapters change the logits (else the comparison above proves nothing)
     for name in adapters:
         assert (expected[name][0] - expected[None][0]).abs().max().item() > 1e-2, name
+
+
+def test_bf16_adapter_rows_stay_close_to_peft(family):
+    """bf16 (the dtype `auto` picks on AVX512-BF16 and AMX CPUs): each adapter's rows within bf16's error of PEFT's
+    fp32 logits, by the bound the base model's bf16 test uses."""
+    folder, adapters, expected = family
+    runner = ModelRunner(folder, dtype="bfloat16", page_size=4, num_pages=64, enable_lora=True,
+                         lora_adapters=[(n, str(p)) for n, p in adapters.items()])
+    names = list(adapters)
+    got = run_ours(runner, PROMPTS, "prefix_then_rest", lora_uids=[runner.adapters.uid_of(n) for n in names])
+    for i, (ours, name) in enumerate(zip(got, names)):
+        ref = expected[name][i]
+        assert (ours - ref).abs().max().item() <= 0.05 * ref.abs().max().item() + 0.02, name
 
 
 def test_adapters_load_as_peft_saved_them(family):

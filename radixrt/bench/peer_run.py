@@ -1,7 +1,11 @@
 """One offline throughput run of one engine on one workload; prints one `RESULT_JSON` line.
 
     python -m radixrt.bench.peer_run radixrt MODEL_DIR WORKLOAD.json {a|b|c} {cache|nocache} DTYPE [--profile]
+        [--lora DIR,DIR,...]
     /path/to/peer-venv/bin/python /path/to/peer_run.py vllm MODEL_DIR WORKLOAD.json ...
+
+``--lora``: the engine serves these LoRA adapters (PEFT folders) and prompt i of every wave goes through adapter
+i mod their count (both engines: every adapter fits one batch).
 
 Rules: this file runs by file path under another engine's python, so it imports nothing of radixrt at module level
 and each engine side imports only what it needs inside its own function. The measurement: engine init time,
@@ -50,30 +54,47 @@ def _this_thread_profiler() -> Profiler:
     return start, stop
 
 
-def radixrt_engine(model: str, dtype: str, cache: bool) -> EngineCalls:
+def radixrt_engine(model: str, dtype: str, cache: bool, loras: list[str]) -> EngineCalls:
     import radixrt
 
-    engine = radixrt.Engine(model=model, dtype=dtype, disable_radix_cache=not cache)
+    lora = {"lora_paths": [f"lora{k}={path}" for k, path in enumerate(loras)],
+            "max_loras_per_batch": len(loras)} if loras else {}
+    engine = radixrt.Engine(model=model, dtype=dtype, disable_radix_cache=not cache, **lora)
     params = {"temperature": 0.0, "ignore_eos": True}
 
     def run(prompts: list[list[int]], max_new_tokens: int) -> list:
-        return engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": max_new_tokens})
+        names = [f"lora{i % len(loras)}" for i in range(len(prompts))] if loras else None
+        return engine.generate(input_ids=prompts, sampling_params={**params, "max_new_tokens": max_new_tokens},
+                               lora_path=names)
 
     return (run, lambda outs: [o["output_ids"] for o in outs],
             lambda outs: sum(o["meta_info"].get("cached_tokens", 0) for o in outs),
             (engine.start_profile, engine.stop_profile))
 
 
-def vllm_engine(model: str, dtype: str, cache: bool) -> EngineCalls:
+def vllm_engine(model: str, dtype: str, cache: bool, loras: list[str]) -> EngineCalls:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    engine = LLM(model=model, dtype=dtype, enable_prefix_caching=cache, max_model_len=2048, max_num_seqs=64, seed=0)
+    lora = {}
+    if loras:
+        with open(os.path.join(loras[0], "adapter_config.json")) as f:
+            rank = json.load(f)["r"]
+        lora = {"enable_lora": True, "max_loras": len(loras), "max_lora_rank": rank}
+    engine = LLM(model=model, dtype=dtype, enable_prefix_caching=cache, max_model_len=2048, max_num_seqs=64, seed=0,
+                 **lora)
 
     def run(prompts: list[list[int]], max_new_tokens: int) -> list:
         params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
-        return engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        requests = None
+        if loras:
+            from vllm.lora.request import LoRARequest
+
+            adapters = [LoRARequest(f"lora{k}", k + 1, path) for k, path in enumerate(loras)]
+            requests = [adapters[i % len(adapters)] for i in range(len(prompts))]
+        return engine.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False,
+                               lora_request=requests)
 
     return (run, lambda outs: [o.outputs[0].token_ids for o in outs],
             lambda outs: sum((getattr(o, "num_cached_tokens", 0) or 0) for o in outs), _this_thread_profiler())
@@ -111,14 +132,14 @@ def profile_totals(ops: dict[str, dict], wall_s: float) -> dict:
 
 
 def measure(engine: str, model: str, workload: dict, name: str, cache: bool, dtype: str,
-            profile: bool = False) -> dict:
+            profile: bool = False, loras: list[str] | None = None) -> dict:
     """Start `engine`, warm it up, run the workload's waves and return the RESULT_JSON fields (with
     ``profile``, also a ``profile`` entry: see ``profile_totals``)."""
     out_len = workload["output_tokens"]
     waves = workload[name] if name == "c" else [workload[name]]  # multi-turn: each turn is a wave after the last
     warm = [workload["a"][-1][:100 + i] for i in range(WARM_UP_PROMPTS)]  # shares no prefix with b or c
     started = time.perf_counter()
-    run, output_ids, cached_tokens, (start_profile, stop_profile) = ENGINES[engine](model, dtype, cache)
+    run, output_ids, cached_tokens, (start_profile, stop_profile) = ENGINES[engine](model, dtype, cache, loras or [])
     init_s = time.perf_counter() - started
     run(warm, WARM_UP_OUTPUT_LEN)
     if profile:
@@ -131,7 +152,8 @@ def measure(engine: str, model: str, workload: dict, name: str, cache: bool, dty
     n_out = sum(len(ids) for ids in output_ids(outs))
     assert n_out == len(prompts) * out_len, f"{n_out} output tokens, expected {len(prompts) * out_len}"
     n_in = sum(len(p) for p in prompts)
-    result = dict(engine=engine, workload=name, prefix_caching=cache, dtype=dtype, init_s=round(init_s, 1),
+    label = f"{name}+{len(loras)}lora" if loras else name
+    result = dict(engine=engine, workload=label, prefix_caching=cache, dtype=dtype, init_s=round(init_s, 1),
                   total_s=round(total_s, 2), out_tok_s=round(n_out / total_s, 1),
                   total_tok_s=round((n_in + n_out) / total_s, 1), cached_prompt_tokens=cached_tokens(outs))
     if ops is not None:
@@ -142,6 +164,11 @@ def measure(engine: str, model: str, workload: dict, name: str, cache: bool, dty
 def main(argv: list[str]) -> int:
     profile = "--profile" in argv
     argv = [a for a in argv if a != "--profile"]
+    loras: list[str] = []
+    if "--lora" in argv:
+        at = argv.index("--lora")
+        loras = [p for p in argv[at + 1].split(",") if p] if at + 1 < len(argv) else []
+        argv = argv[:at] + argv[at + 2:]
     if len(argv) != 6 or argv[0] not in ENGINES or argv[4] not in ("cache", "nocache"):
         print(__doc__, file=sys.stderr)
         return 2
@@ -150,7 +177,7 @@ def main(argv: list[str]) -> int:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core's operators in this process
     with open(workload_path) as f:
         workload = json.load(f)
-    result = measure(engine, model, workload, name, cache == "cache", dtype, profile)
+    result = measure(engine, model, workload, name, cache == "cache", dtype, profile, loras)
     profiled = result.pop("profile", None)
     print("RESULT_JSON", json.dumps(result), flush=True)
     if profiled is not None:

@@ -2,6 +2,7 @@
 
     radixrt bench vllm --vllm-python /tmp/radixrt-peers/venv-vllm/bin/python
     radixrt bench vllm --vllm-python PY --workloads a:nocache,b:cache --rounds 3 --json vs-vllm.json
+    radixrt bench vllm --vllm-python PY --workloads a:nocache,a:nocache:lora --lora-adapters 4 --lora-rank 16
 
 vLLM is never a dependency: it lives in its own venv and runs `peer_run.py` by file path under that venv's python.
 Every engine run is a fresh subprocess (radixrt: `python -m radixrt.bench.peer_run`), so neither engine's
@@ -15,6 +16,8 @@ The workloads (the ids are those of the team's make_workload.py for the same tok
      far (each earlier 40-token question with a fixed 60-token reply) and a new 40-token question.
   64 output tokens each, greedy, EOS ignored. `--num-prompts N` (a and b: N prompts, c: N // 2 conversations) and
   `--output-len` shrink them for a quick check.
+A workload with `:lora` runs through `--lora-adapters` random LoRA adapters of `--lora-rank` on every projection
+(radixrt.bench.random_adapters), prompt i through adapter i mod their count, on both engines.
 """
 
 from __future__ import annotations
@@ -82,14 +85,15 @@ def tokenizer_encoder(model_dir: str) -> Encode:
     return lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def parse_workloads(spec: str) -> list[tuple[str, bool]]:
-    """`a:nocache,b:cache` -> [("a", False), ("b", True)]."""
+def parse_workloads(spec: str) -> list[tuple[str, bool, bool]]:
+    """`a:nocache,b:cache:lora` -> [("a", False, False), ("b", True, True)]: (workload, cache, through LoRA)."""
     runs = []
     for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, _, cache = item.partition(":")
-        if name not in ("a", "b", "c") or cache not in ("cache", "nocache"):
-            raise ValueError(f"workload {item!r}: expected a|b|c:cache|nocache")
-        runs.append((name, cache == "cache"))
+        name, _, rest = item.partition(":")
+        cache, _, lora = rest.partition(":")
+        if name not in ("a", "b", "c") or cache not in ("cache", "nocache") or lora not in ("", "lora"):
+            raise ValueError(f"workload {item!r}: expected a|b|c:cache|nocache[:lora]")
+        runs.append((name, cache == "cache", lora == "lora"))
     if not runs:
         raise ValueError("no workloads given")
     return runs
@@ -192,6 +196,8 @@ def add_vllm_parser(sub) -> None:
     p.add_argument("--json", default=None, help="write the machine, every run and the rows to this file")
     p.add_argument("--profile", action="store_true",
                    help="also profile each run by operator class (torch.profiler; slows both engines)")
+    p.add_argument("--lora-adapters", type=int, default=4, help="LoRA adapters of the :lora workloads")
+    p.add_argument("--lora-rank", type=int, default=16, help="their rank")
     p.add_argument("--peer-engine", choices=["vllm", "radixrt"], default="vllm",
                    help="self-check: radixrt in the peer slot too (by file path, no vLLM needed)")
     p.set_defaults(run=run_vs_vllm)
@@ -234,15 +240,21 @@ def run_vs_vllm(args) -> int:
         workload_path = str(Path(tmp) / "workload.json")
         with open(workload_path, "w") as f:
             json.dump(build_workloads(tokenizer_encoder(model), args.num_prompts, args.output_len), f)
+        lora_flag: list[str] = []
+        if any(lora for _, _, lora in runs):
+            from radixrt.bench.random_adapters import write_random_adapters
+
+            paths = write_random_adapters(model, Path(tmp) / "adapters", args.lora_adapters, args.lora_rank)
+            lora_flag = ["--lora", ",".join(map(str, paths))]
         slots = [("radixrt", [sys.executable, "-m", "radixrt.bench.peer_run", "radixrt"], dict(os.environ)),
                  ("peer", [peer_python, str(PEER_RUN), args.peer_engine], peer_env)]
         for round_index in range(1, args.rounds + 1):
-            for name, cache in runs:
+            for name, cache, lora in runs:
                 for slot, cmd, env in slots:
                     label = "radixrt" if slot == "radixrt" else peer_label
-                    print(f"[round {round_index}] {label} {name} {'cache' if cache else 'nocache'} {dtype}",
-                          file=sys.stderr, flush=True)
-                    extra = ["--profile"] if args.profile else []
+                    print(f"[round {round_index}] {label} {name} {'cache' if cache else 'nocache'} {dtype}"
+                          f"{' lora' if lora else ''}", file=sys.stderr, flush=True)
+                    extra = (["--profile"] if args.profile else []) + (lora_flag if lora else [])
                     result = _run_engine([*cmd, model, workload_path, name, "cache" if cache else "nocache", dtype,
                                           *extra], env, args.timeout)
                     if result is None:

@@ -10,10 +10,8 @@ trained biases, ``modules_to_save``, embedding or LM-head adapters, ``alpha_patt
 cache keeps each adapter's prefixes apart by that number, so an adapter loaded again under an old name never
 meets K/V computed with the old weights.
 
-A forward with adapter rows carries a ``LoraBatch`` (``ForwardBatch.lora``): for each adapter, the rows that use
-it. Each targeted projection adds ``scaling * (x A^T) B^T`` to those rows as PEFT does: the update in float32
-added to the base output and rounded once to the model's dtype. Rows without an adapter are not touched, so
-a base request's logits do not change when adapter requests share its batch.
+A forward with adapter rows carries a ``LoraBatch`` (``ForwardBatch.lora``, radixrt.model.lora_batch): each
+targeted projection adds ``scaling * (x A^T) B^T`` to the adapter's rows, as PEFT does.
 """
 
 from __future__ import annotations
@@ -25,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from radixrt.model.lora_batch import LoraBatch, StackCache, lora_batch
 
 # the checkpoint's projection -> (our merged module, its index among the merged outputs)
 TARGETS = {
@@ -192,58 +192,18 @@ def _lay_out(merged: str, subs: list[tuple[int, torch.Tensor, torch.Tensor, floa
     return ModuleUpdate(a_t, parts)
 
 
-@dataclass
-class LoraBatch:
-    """A forward's adapter rows: for each adapter in the batch, its rows (a slice where they are contiguous)."""
-
-    groups: list[tuple[Adapter, slice | torch.Tensor]]
-
-    def add(self, layer: int, module: str, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Add each adapter's update of ``module`` in ``layer`` to its rows of ``y`` (the base projection of ``x``),
-        in place: in float32, rounded once to ``y``'s dtype."""
-        for adapter, rows in self.groups:
-            update = adapter.updates.get((layer, module))
-            if update is None:
-                continue
-            low = x[rows].float() @ update.a_t
-            out = y[rows].float()
-            for columns, ranks, b_t, scaling in update.parts:
-                out[:, columns] += (low[:, ranks] @ b_t) * scaling
-            y[rows] = out.to(y.dtype)
-
-
-def rows_of(spans: list[tuple[int, int, int]], device: torch.device) -> dict[int, slice | torch.Tensor]:
-    """Each adapter's rows from ``(uid, start, end)`` spans of the batch's tokens (uid 0, the base, left out)."""
-    by_uid: dict[int, list[tuple[int, int]]] = {}
-    for uid, start, end in spans:
-        if uid:
-            by_uid.setdefault(uid, []).append((start, end))
-    out: dict[int, slice | torch.Tensor] = {}
-    for uid, ranges in by_uid.items():
-        merged = [list(ranges[0])]
-        for start, end in ranges[1:]:
-            if start == merged[-1][1]:
-                merged[-1][1] = end
-            else:
-                merged.append([start, end])
-        if len(merged) == 1:
-            out[uid] = slice(*merged[0])
-        else:
-            index = [i for start, end in merged for i in range(start, end)]
-            out[uid] = torch.tensor(index, dtype=torch.int64).to(device, non_blocking=True)
-    return out
-
-
 class Adapters:
     """The loaded adapters, by name and by uid; what ``--lora-paths`` and load/unload calls change."""
 
-    def __init__(self, model_config, device: torch.device, max_rank: int | None = None) -> None:
+    def __init__(self, model_config, device: torch.device, max_rank: int | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.model_config = model_config
         self.device = device
         self.max_rank = max_rank
         self.by_name: dict[str, Adapter] = {}
         self.by_uid: dict[int, Adapter] = {}
         self._next_uid = 1
+        self.stacks = StackCache(dtype)  # the updates as the forwards use them, in the model's dtype
 
     def load(self, name: str, path: str) -> Adapter:
         if not name or not isinstance(name, str):
@@ -261,6 +221,7 @@ class Adapters:
         if adapter is None:
             raise AdapterError(f"no LoRA adapter named {name!r} is loaded")
         del self.by_uid[adapter.uid]
+        self.stacks.forget(adapter.uid)
         return adapter
 
     def uid_of(self, name: str) -> int:
@@ -270,8 +231,9 @@ class Adapters:
             raise AdapterError(f"unknown LoRA adapter {name!r} (loaded: {loaded})")
         return adapter.uid
 
-    def batch(self, spans: list[tuple[int, int, int]] | None, device: torch.device) -> LoraBatch | None:
+    def batch(self, spans: list[tuple[int, int, int]] | None, num_rows: int) -> LoraBatch | None:
+        """The updates of a forward of ``num_rows`` token rows whose adapter rows ``spans`` lists (see
+        radixrt.model.lora_batch)."""
         if not spans:
             return None
-        groups = [(self.by_uid[uid], rows) for uid, rows in rows_of(spans, device).items()]
-        return LoraBatch(groups) if groups else None
+        return lora_batch(spans, num_rows, self.by_uid, self.stacks, self.device)

@@ -171,7 +171,7 @@ class ModelRunner:
         if enable_lora or lora_adapters:
             if world is not None:
                 raise ValueError("LoRA adapters do not run with tensor parallelism (--tp-size > 1) yet")
-            self.adapters = Adapters(self.config, self.device, max_lora_rank)
+            self.adapters = Adapters(self.config, self.device, max_lora_rank, self.dtype)
             for name, path in lora_adapters or ():
                 adapter = self.adapters.load(name, path)
                 logger.info("LoRA adapter %r from %s: rank %d on %s", name, path, adapter.rank,
@@ -277,7 +277,7 @@ class ModelRunner:
         if batch.lora_spans is not None:
             if self.adapters is None:
                 raise RuntimeError("a batch asks for LoRA adapters but none is enabled")
-            batch.lora = self.adapters.batch(batch.lora_spans, self.device)
+            batch.lora = self.adapters.batch(batch.lora_spans, batch.input_ids.shape[0])
         elif self.graphs is not None and not batch.return_hidden and self.graphs.can_run(batch):
             return self.graphs.run(batch)  # graphs hold the base model only: adapter batches run eagerly
         if self.world is None:

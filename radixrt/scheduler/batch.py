@@ -6,7 +6,8 @@ budget, in admission order. The logits of a chunk's last token give the request'
 logprobs need the rows from their first position on. A decode with a speculative draft (``req.draft``,
 radixrt.scheduler.speculation) computes its last token and the draft, ``(req, 1 + len(draft))``, and needs
 every row. A batch that ends an embedding request's prompt keeps the hidden states of its logits rows too
-(``ForwardBatch.return_hidden``).
+(``ForwardBatch.return_hidden``). A batch with LoRA requests is ordered by adapter, so each adapter's rows are
+one range (radixrt.model.lora_batch).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def plan_batch(running: list[Req], chunked_prefill_size: int, enable_mixed_chunk
             has_prefill = True
     if has_prefill and not enable_mixed_chunk:
         plan = [(req, n) for req, n in plan if req.num_to_compute > 1]
+    if any(req.lora_uid for req, _ in plan):  # each LoRA adapter's rows together: slices, not gathers
+        plan.sort(key=lambda item: item[0].lora_uid)
     return plan
 
 
