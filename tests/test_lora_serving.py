@@ -180,6 +180,13 @@ def test_the_server_serves_each_adapter_by_every_name(client, adapters):
         assert res.status_code == 200, (body, res.text)
         assert res.json()["choices"][0]["text"] == want, body
         assert res.json()["model"] == body.get("model", base)
+    # an embedding through an adapter is the adapter's
+    vectors = {}
+    for model in (base, "a"):
+        res = client.post("/v1/embeddings", json={"model": model, "input": PROMPTS[0]})
+        assert res.status_code == 200 and res.json()["model"] == model, res.text
+        vectors[model] = res.json()["data"][0]["embedding"]
+    assert vectors["a"] != vectors[base]
 
 
 def test_the_server_refuses_what_it_cannot_serve_and_keeps_serving(client, adapters):

@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
+from radixrt.model.lora import projection_sizes
+
 PROJECTIONS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
-
-
-def _sizes(config: dict) -> dict[str, tuple[int, int]]:
-    hidden = config["hidden_size"]
-    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-    inter = config["intermediate_size"]
-    return {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
-            "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
 
 
 def write_random_adapter(model_dir: str | Path, out: str | Path, rank: int = 16, seed: int = 0,
@@ -25,7 +19,7 @@ def write_random_adapter(model_dir: str | Path, out: str | Path, rank: int = 16,
     from safetensors.torch import save_file
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    sizes = _sizes(config)
+    sizes = projection_sizes(SimpleNamespace(**config))
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
     for layer in range(config["num_hidden_layers"]):

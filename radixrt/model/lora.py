@@ -63,10 +63,6 @@ class Adapter:
     targets: tuple[str, ...]
     updates: dict[tuple[int, str], ModuleUpdate] = field(default_factory=dict)  # (layer, merged module) -> update
 
-    @property
-    def num_parameters(self) -> int:
-        return sum(u.a_t.numel() + sum(b.numel() for _, _, b in u.parts) for u in self.updates.values())
-
 
 def resolve_adapter_path(path: str) -> Path:
     """A local adapter folder, or a hub id fetched into the Hugging Face cache."""
@@ -114,8 +110,8 @@ def _read_config(folder: Path) -> dict:
     return config
 
 
-def _module_sizes(model_config, tp_size: int = 1) -> dict[str, tuple[int, int]]:
-    """Each targetable projection's (in, out) features."""
+def projection_sizes(model_config) -> dict[str, tuple[int, int]]:
+    """Each projection an adapter may target: its (in, out) features."""
     hidden = model_config.hidden_size
     head_dim = getattr(model_config, "head_dim", None) or hidden // model_config.num_attention_heads
     q = model_config.num_attention_heads * head_dim
@@ -131,7 +127,7 @@ def load_adapter(name: str, path: str, uid: int, model_config, device: torch.dev
     folder = resolve_adapter_path(path)
     config = _read_config(folder)
     tensors = _read_tensors(folder)
-    sizes = _module_sizes(model_config)
+    sizes = projection_sizes(model_config)
     layers = model_config.num_hidden_layers
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
@@ -145,7 +141,7 @@ def load_adapter(name: str, path: str, uid: int, model_config, device: torch.dev
         pairs.setdefault((layer, module), {})[which] = tensor
     if not pairs:
         raise AdapterError(f"{folder} holds no LoRA weights")
-    alpha = float(config.get("lora_alpha", config.get("r", 8)))
+    alpha = float(config.get("lora_alpha", 8))  # PEFT's default
     rslora = bool(config.get("use_rslora"))
     by_merged: dict[tuple[int, str], list[tuple[int, torch.Tensor, torch.Tensor, float]]] = {}
     largest = 0
@@ -174,8 +170,8 @@ def load_adapter(name: str, path: str, uid: int, model_config, device: torch.dev
 
 def _lay_out(merged: str, subs: list[tuple[int, torch.Tensor, torch.Tensor, float]],
              sizes: dict[str, tuple[int, int]], device: torch.device) -> ModuleUpdate:
-    """One merged module's A matrices stacked (q, k and v's low-rank inputs in one product); each B kept apart,
-    its product scaled after, as PEFT does."""
+    """One merged module's A matrices stacked (q, k and v's low-rank inputs in one product); each B kept apart with
+    its scaling (radixrt.model.lora_batch lays them out for the forwards)."""
     names = [m for m, (target, _) in TARGETS.items() if target == merged]
     offsets, start = [], 0
     for module in names:
