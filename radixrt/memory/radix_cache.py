@@ -48,9 +48,10 @@ recomputing up to ``page_size - 1`` tokens. On by default; ``partial_page_reuse=
 Namespaces
 ----------
 ``match_prefix`` and ``insert`` take a ``namespace`` (0 by default): the same tokens in two namespaces are two
-prefixes that never share pages. K/V computed through a LoRA adapter lives in the adapter's namespace (its
-uid). Inside the tree a namespace's tokens are keyed as ``token + namespace * NAMESPACE_STRIDE``
-(``namespaced``), so the tree itself knows nothing of them.
+prefixes that never share pages. A request's namespace (``cache_namespace``) is its LoRA adapter's uid, and with
+an isolation key (SGLang's ``extra_key``, vLLM's ``cache_salt``) a number drawn from the key as well. Inside the
+tree a namespace's tokens are keyed as ``token + namespace * NAMESPACE_STRIDE`` (``namespaced``), so the tree
+itself knows nothing of them.
 
 ``disabled=True`` (``--disable-radix-cache``): matches are empty, inserts keep nothing (the caller
 keeps and frees all of its pages), so every request computes its prompt from scratch.
@@ -80,6 +81,7 @@ Typical use by the scheduler (a request's page table is always: tree pages, then
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections.abc import Iterable, Sequence
 from itertools import compress, count
@@ -99,9 +101,18 @@ from radixrt.memory.radix_node import (
 from radixrt.memory.radix_stats import CacheStats
 from radixrt.token_ids import common_prefix_len
 
-__all__ = ["CacheStats", "InsertResult", "MatchResult", "RadixCache", "TreeNode", "namespaced"]
+__all__ = ["CacheStats", "InsertResult", "MatchResult", "RadixCache", "TreeNode", "cache_namespace", "namespaced"]
 
 NAMESPACE_STRIDE = 1 << 32  # above every token id
+
+
+def cache_namespace(adapter_uid: int, key: str | None) -> int:
+    """The namespace of requests through LoRA adapter ``adapter_uid`` (0: the base model) with isolation key ``key``:
+    the uid alone without a key; with one, above every uid, from the key's 64-bit hash."""
+    if key is None:
+        return adapter_uid
+    digest = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    return adapter_uid + ((digest + 1) << 32)
 
 
 def namespaced(tokens: Sequence[int], namespace: int) -> tuple[int, ...]:

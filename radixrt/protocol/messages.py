@@ -42,6 +42,7 @@ class GenerateReq(msgspec.Struct, tag=True):
     session: SessionParams | None = None
     embed: bool = False  # prefill only: the answer is the prompt's pooled hidden state, not tokens
     lora_path: str | None = None  # the name of a loaded LoRA adapter (SGLang's field name); None: the base model
+    cache_key: str | None = None  # shares cached prefixes only with requests of the same key (extra_key, cache_salt)
 
 
 class AbortReq(msgspec.Struct, tag=True):

@@ -3,7 +3,8 @@
 ``GenerateInput`` bundles a generation call's arguments, as SGLang's ``GenerateReqInput`` does: exactly one of
 text and input_ids (one prompt or a batch), one sampling-params dict or one per prompt, the logprob options,
 streaming, SGLang's ``priority``, ``session_params`` and ``lora_path`` (a loaded LoRA adapter's name, or one per
-prompt), and request ids. The Engine builds one from its keyword
+prompt), SGLang's ``extra_key`` and vLLM's ``cache_salt`` (strings, or one per prompt, that keep a request's
+prefix cache apart from that of requests without the same ones), and request ids. The Engine builds one from its keyword
 arguments, /generate decodes one from its body, the OpenAI routes build one from their mapped fields.
 
 ``prepare`` checks everything cheap before any text is tokenized, then validates every sequence
@@ -27,6 +28,7 @@ from radixrt.protocol.validation import grammar_of, validate_request
 from radixrt.sampling.params import SamplingParams
 
 MAX_PRIORITY = 2**31 - 1
+MAX_KEY_CHARS = 4096  # an adapter's name or a cache key
 MAX_OFFSET = 2**63 - 1
 
 
@@ -46,6 +48,8 @@ class GenerateInput:
     rid: Any = None  # a request id, or one per sample: replaces generated ids
     embed: bool = False  # an embedding call: prefill only, the answer a vector
     lora_path: Any = None  # a loaded LoRA adapter's name, or one (or None) per prompt
+    extra_key: Any = None  # SGLang's cache isolation key, or one per prompt
+    cache_salt: Any = None  # vLLM's, the same way
 
     @classmethod
     def of_call(cls, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
@@ -72,6 +76,7 @@ class Prepared:
     rids: list[str] | None = None
     embed: bool = False
     lora_paths: list[str | None] | None = None  # per prompt
+    cache_keys: list[str | None] | None = None  # per prompt: extra_key and cache_salt together
 
     @property
     def num_sequences(self) -> int:
@@ -114,17 +119,33 @@ def session_from(value: Any) -> SessionParams | None:
     return params
 
 
-def lora_paths_from(value: Any, count: int) -> list[str | None] | None:
-    """SGLang's ``lora_path``: an adapter's name for every prompt, or a list with one (or null) per prompt; an
-    empty name is the base model. RequestError on anything else."""
+def per_prompt(field: str, value: Any, count: int) -> list[str | None] | None:
+    """A string field for every prompt, or a list with one (or null) per prompt; an empty string is none. None when
+    no prompt has one; RequestError on anything else."""
     if value is None:
         return None
     names = value if isinstance(value, list) else [value] * count
     if len(names) != count or not all(n is None or isinstance(n, str) for n in names):
-        raise RequestError(f"lora_path must be an adapter's name or a list of {count} names (or nulls), one per "
-                           "prompt")
+        raise RequestError(f"{field} must be a string or a list of {count} strings (or nulls), one per prompt")
     names = [n or None for n in names]
+    if any(n is not None and len(n) > MAX_KEY_CHARS for n in names):
+        raise RequestError(f"{field} is longer than {MAX_KEY_CHARS} characters")
     return names if any(names) else None
+
+
+def lora_paths_from(value: Any, count: int) -> list[str | None] | None:
+    """SGLang's ``lora_path``: a loaded adapter's name for every prompt, or one (or null) per prompt."""
+    return per_prompt("lora_path", value, count)
+
+
+def cache_keys_from(extra_key: Any, cache_salt: Any, count: int) -> list[str | None] | None:
+    """Each prompt's cache isolation key: SGLang's ``extra_key`` and vLLM's ``cache_salt`` together (either may be
+    given alone); requests share cached prefixes only with requests of the same key."""
+    extra, salt = per_prompt("extra_key", extra_key, count), per_prompt("cache_salt", cache_salt, count)
+    if extra is None and salt is None:
+        return None
+    extra, salt = extra or [None] * count, salt or [None] * count
+    return [None if e is None and s is None else f"{e or ''}\x00{s or ''}" for e, s in zip(extra, salt)]
 
 
 def rids_from(value: Any) -> list[str] | None:
@@ -196,7 +217,8 @@ def prepare(req: GenerateInput, *, encode: Callable[[str], list[int]], limits: M
     if req.embed:
         params = [EMBEDDING_PARAMS] * count
     prepared = Prepared([], params, batched, req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
-                        priority, session, bool(req.stream), rids, req.embed, lora_paths_from(req.lora_path, count))
+                        priority, session, bool(req.stream), rids, req.embed, lora_paths_from(req.lora_path, count),
+                        cache_keys_from(req.extra_key, req.cache_salt, count))
     if req.stream and (batched or prepared.num_sequences != 1):
         raise RequestError("stream=True takes one prompt with n=1")
     if rids is not None and len(rids) != prepared.num_sequences:
@@ -214,7 +236,8 @@ def expand(prepared: Prepared, new_rid: Callable[[], str]) -> list[GenerateReq]:
     """One GenerateReq per sample, in prompt order; the prepared ``rids`` (one per sample) replace generated ids."""
     messages: list[GenerateReq] = []
     loras = prepared.lora_paths or [None] * len(prepared.ids)
-    for one_ids, p, lora in zip(prepared.ids, prepared.params, loras):
+    keys = prepared.cache_keys or [None] * len(prepared.ids)
+    for one_ids, p, lora, key in zip(prepared.ids, prepared.params, loras, keys):
         for i in range(p.n):
             q = p
             if p.n > 1:
@@ -233,5 +256,6 @@ def expand(prepared: Prepared, new_rid: Callable[[], str]) -> list[GenerateReq]:
                 session=prepared.session,
                 embed=prepared.embed,
                 lora_path=lora,
+                cache_key=key,
             ))
     return messages

@@ -159,7 +159,7 @@ class Memory:
         whole = min(req.num_computed, req.final_len) // self.page_size
         if self.cache.disabled or whole <= req.num_tree_pages:
             return
-        result = self.cache.insert(req.fill_ids[: whole * self.page_size], req.pages[:whole], req.lora_uid)
+        result = self.cache.insert(req.fill_ids[: whole * self.page_size], req.pages[:whole], req.cache_namespace)
         kept = set(result.tree_pages)
         self.pool.decref([p for p in result.duplicates if p not in kept])
         req.pages[: len(result.tree_pages)] = result.tree_pages
@@ -174,7 +174,7 @@ class Memory:
         if req.node is None and not req.pages:
             return
         whole = min(min(req.num_computed, req.final_len) // self.page_size, len(req.pages))
-        result = self.cache.insert(req.fill_ids[: whole * self.page_size], req.pages[:whole], req.lora_uid)
+        result = self.cache.insert(req.fill_ids[: whole * self.page_size], req.pages[:whole], req.cache_namespace)
         kept = set(result.tree_pages)
         private = [p for p in req.pages[req.num_tree_pages :] if p not in kept]
         self.pool.decref(private)

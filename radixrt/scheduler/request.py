@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixrt.detokenize import TextStream
+from radixrt.memory.radix_cache import cache_namespace
 from radixrt.protocol.messages import FinishReason, GenerateReq
 from radixrt.sampling.params import SamplingParams
 
@@ -59,9 +60,11 @@ class Req:
     spec: SpecState | None = None
     embed: bool = False  # an embedding request: prefill only, then its pooled hidden state
     embedding: list[float] | None = None
-    # The LoRA adapter its tokens go through (radixrt.model.lora; 0: the base model); also its namespace in
-    # the radix cache, so K/V computed through different weights is never shared.
+    # The LoRA adapter its tokens go through (radixrt.model.lora; 0: the base model), and its namespace in the
+    # radix cache (the adapter's, and its isolation key's: radixrt.memory.radix_cache.cache_namespace), so K/V
+    # computed through other weights, or for a request of another key, is never shared.
     lora_uid: int = 0
+    cache_namespace: int = 0
 
     @classmethod
     def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu",
@@ -79,6 +82,7 @@ class Req:
             priority=msg.priority if msg.priority is not None else 0,
             embed=msg.embed,
             lora_uid=lora_uid,
+            cache_namespace=cache_namespace(lora_uid, msg.cache_key),
         )
         if not msg.params.greedy:
             # Every sampled request draws from its own generator, so its tokens do not depend on the batch.

@@ -162,7 +162,7 @@ class Sessions:
         session.records.move_to_end(req.rid)
         while len(session.records) > MAX_RECORDS:
             session.records.popitem(last=False)
-        self._pin(session, req.fill_ids, req.lora_uid)
+        self._pin(session, req.fill_ids, req.cache_namespace)
 
     # ----- pins ---------------------------------------------------------------------------------------
 

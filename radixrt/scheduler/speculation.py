@@ -316,8 +316,8 @@ class Speculator:
     def _match(self, req: Req, tokens: list[int], limit: int, ngrams: bool) -> Match | None:
         if self.from_cache and req.node is not None:
             tree_tokens = req.num_tree_pages * self.page_size
-            tail = namespaced(tokens[tree_tokens:], req.lora_uid)
-            continuation = plain(cache_continuation(req.node, tail, self.page_size, limit), req.lora_uid)
+            tail = namespaced(tokens[tree_tokens:], req.cache_namespace)
+            continuation = plain(cache_continuation(req.node, tail, self.page_size, limit), req.cache_namespace)
             if continuation:
                 return Match(continuation, len(tokens), "cache")
         if not ngrams:

@@ -16,11 +16,12 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from radixrt.protocol.request import GenerateInput
+from radixrt.protocol.request import MAX_KEY_CHARS, GenerateInput
 from radixrt.sampling.compat_fields import struct_fields
 from radixrt.sampling.params import SamplingParams
 from radixrt.server.sglang_compat import GENERATE
 
+Key = Annotated[str, msgspec.Meta(max_length=MAX_KEY_CHARS)]  # an adapter's name, a cache isolation key
 TOKEN_IDS_SCHEMA = {"type": "array", "items": {"type": "integer"}, "minItems": 1}
 
 InputIds = Annotated[list | None, msgspec.Meta(
@@ -44,7 +45,9 @@ class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
     rid: str | list[str] | None = None
     priority: int | None = None
     session_params: dict | None = None
-    lora_path: str | list[str | None] | None = None  # a loaded LoRA adapter's name, or one per prompt
+    lora_path: Key | list[Key | None] | None = None  # a loaded LoRA adapter's name, or one per prompt
+    extra_key: Key | list[Key | None] | None = None  # SGLang's cache isolation key, or one per prompt
+    cache_salt: Key | list[Key | None] | None = None  # vLLM's, the same way
 
     def sampling_dicts(self) -> dict | list[dict] | None:
         """The sampling params as the JSON-like dicts the runtime's request path takes."""
@@ -55,7 +58,8 @@ class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
         return GenerateInput(text=self.text, input_ids=self.input_ids, sampling_params=self.sampling_dicts(),
                              return_logprob=self.return_logprob, logprob_start_len=self.logprob_start_len,
                              top_logprobs_num=self.top_logprobs_num, stream=self.stream, priority=self.priority,
-                             session_params=self.session_params, rid=self.rid, lora_path=self.lora_path)
+                             session_params=self.session_params, rid=self.rid, lora_path=self.lora_path,
+                             extra_key=self.extra_key, cache_salt=self.cache_salt)
 
 
 GenerateBody = msgspec.defstruct("GenerateBody", struct_fields(GENERATE), bases=(GenerateCore,),

@@ -12,14 +12,17 @@ Responses are built in radixrt.server.openai_responses. ``EmbeddingRequest`` is 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from radixrt.sampling.compat_fields import struct_fields
 from radixrt.protocol.errors import RequestError
+from radixrt.protocol.request import MAX_KEY_CHARS
 from radixrt.server import sglang_compat
 from radixrt.server.response_format import response_format_to_params
+
+Key = Annotated[str, msgspec.Meta(max_length=MAX_KEY_CHARS)]  # an adapter's name, a cache isolation key
 
 MAX_TOP_LOGPROBS = 20
 ROLES = {"system", "user", "assistant", "developer", "tool"}
@@ -63,7 +66,9 @@ class _Common(_SGLangExtras, forbid_unknown_fields=True, kw_only=True):
     rid: str | list[str] | None = None
     priority: int | None = None  # SGLang's request priority (checked by radixrt.protocol.request.prepare)
     session_params: dict | None = None  # SGLang's session of the request (checked by radixrt.protocol.request.prepare)
-    lora_path: str | None = None  # SGLang's: a loaded LoRA adapter's name (``model`` may name one too)
+    lora_path: Key | None = None  # SGLang's: a loaded LoRA adapter's name (``model`` may name one too)
+    extra_key: Key | None = None  # SGLang's: cached prefixes are shared only with requests of the same key
+    cache_salt: Key | None = None  # vLLM's, the same way
 
     def rids(self) -> list[str] | None:
         return None if self.rid is None else ([self.rid] if isinstance(self.rid, str) else list(self.rid))

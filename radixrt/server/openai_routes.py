@@ -162,7 +162,8 @@ def _prepare_chat(tm: TokenizerManager, tools: ServerTools, reasoning: Reasoning
     constrain_after_reasoning(sampling, thinking)
     prepared = tm.prepare(GenerateInput(input_ids=[ids], sampling_params=[sampling], return_logprob=bool(req.logprobs),
                                         top_logprobs_num=top, priority=req.priority,
-                                        session_params=req.session_params, rid=req.rids(), lora_path=lora))
+                                        session_params=req.session_params, rid=req.rids(), lora_path=lora,
+                                    extra_key=req.extra_key, cache_salt=req.cache_salt))
     return prepared, plan, thinking
 
 
@@ -200,7 +201,8 @@ def _prepare_completion(tm: TokenizerManager, req: oai.CompletionRequest, prompt
     return tm.prepare(GenerateInput(input_ids=ids, sampling_params=sampling, return_logprob=req.logprobs is not None,
                                     logprob_start_len=0 if req.echo and req.logprobs is not None else None,
                                     top_logprobs_num=req.logprobs or 0, priority=req.priority,
-                                    session_params=req.session_params, rid=req.rids(), lora_path=lora))
+                                    session_params=req.session_params, rid=req.rids(), lora_path=lora,
+                                    extra_key=req.extra_key, cache_salt=req.cache_salt))
 
 
 # ----- answers ----------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ MULTIMODAL = Unsupported("multimodal input; radixrt serves text models")
 LORA_ID = Unsupported("LoRA adapter ids (name the adapter with lora_path)")
 CUSTOM_LOGITS = Unsupported("custom logit processors")
 HIDDEN = Unsupported("returning hidden states", (None, False))
-CACHE_NAMESPACE = Unsupported("separate prefix-cache namespaces")
 EXPERTS = Unsupported("returning routed experts (radixrt serves dense models)")
 REASONING = Unsupported("reasoning budgets and effort (--reasoning-parser only separates the reasoning)")
 
@@ -42,8 +41,6 @@ _SHARED: dict[str, Rule] = {
     "bootstrap_port": PD,
     "bootstrap_room": PD,
     "disagg_prefill_dp_rank": PD,
-    "extra_key": CACHE_NAMESPACE,
-    "cache_salt": CACHE_NAMESPACE,
     "images_config": MULTIMODAL,
     "max_dynamic_patch": MULTIMODAL,
     "min_dynamic_patch": MULTIMODAL,
