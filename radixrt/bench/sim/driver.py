@@ -19,9 +19,11 @@ import logging
 import traceback
 from dataclasses import dataclass, field
 
+from radixrt.bench.sim.fake_runner import stored_id
 from radixrt.bench.sim.oracle import DeltaSink, SoloOracle, build_scheduler, generate_req, same_outcome
 from radixrt.bench.sim.workload import Knobs, SimRequest, Workload, generate
 from radixrt.bench.sim.world import World, load_world
+from radixrt.memory.radix_cache import NAMESPACE_STRIDE
 from radixrt.protocol.messages import AbortReq, ControlReq, FinishReason, FlushCacheReq, SessionParams
 
 LATE_ABORT_STEPS = 5  # a "late" abort with k fires 5 * k + 1 steps after submission, whatever the state
@@ -226,7 +228,8 @@ class Simulation:
         runner = self.runner
         for req in self.scheduler.running:
             # under overlap scheduling the token in flight is computed before the host knows it
-            bad = runner.kv_mismatches(req.fill_ids, req.pages, min(req.num_computed, req.total_len))
+            ids = [stored_id(t, req.lora_uid) for t in req.fill_ids] if req.lora_uid else req.fill_ids
+            bad = runner.kv_mismatches(ids, req.pages, min(req.num_computed, req.total_len))
             if bad:
                 raise SimFailure("kv-corruption", f"after step {self.step}: {req.rid} reads wrong KV at positions "
                                  f"{bad[:8]} (pages {req.pages}, {req.num_tree_pages} from the tree)")
@@ -234,7 +237,9 @@ class Simulation:
         while stack:
             node, prefix = stack.pop()
             tokens = prefix + list(node.key)
-            bad = runner.kv_mismatches(tokens, [0] * (len(prefix) // self.knobs.page_size) + node.pages,
+            # a key holds token + namespace * NAMESPACE_STRIDE; the namespace's low bits are the adapter's uid
+            ids = [stored_id(k % NAMESPACE_STRIDE, (k // NAMESPACE_STRIDE) % NAMESPACE_STRIDE) for k in tokens]
+            bad = runner.kv_mismatches(ids, [0] * (len(prefix) // self.knobs.page_size) + node.pages,
                                        len(tokens), first=len(prefix))
             if bad:
                 raise SimFailure("kv-corruption", f"after step {self.step}: tree node {node!r} holds wrong KV at "

@@ -2,10 +2,13 @@
 real page pool, so that any page-table or page-sharing mistake of the scheduler changes its outputs.
 
 What the scheduler uses of a runner, and only that: ``forward(batch)``, ``pool``, ``page_size``,
-``config.vocab_size``, ``context_length``, ``device``.
+``config.vocab_size``, ``context_length``, ``device``, and ``adapters`` for LoRA requests (``FakeAdapters``:
+three names and their uids).
 
 The KV pool is a real ``PagePool`` with a tiny layout (1 layer, 1 head, head_dim 2, fp32). ``forward``:
-1. writes every new token's (id, position) into its K slot (``batch.out_slots``), as attention writes K/V;
+1. writes every new token's (id, position) into its K slot (``batch.out_slots``), as attention writes K/V; a
+   token computed through LoRA adapter u stores ``stored_id(id, u)`` instead, so what an adapter writes differs
+   from what the base model or another adapter writes for the same tokens;
 2. reads back, through each request's page table, the (id, position) of every position up to the request's
    sequence length, and hashes each prefix (a polynomial hash over (id, stored position) pairs);
 3. turns the hash of the prefix ending at each logits row into that row: ``NUM_WORDS`` ordinary word tokens
@@ -39,6 +42,23 @@ EOS_SCORE_SHIFT = 0.06  # eos wins the argmax for roughly one prefix in a hundre
 FLOOR = -20.0  # every token that is neither a word nor eos
 COPY_SCORE = WORD_SCALE + 1.0  # a copied token's score, with ``copying``
 COPY_SHARE = (5, 8)  # with ``copying``: rows whose prefix hash modulo 8 is below 5 copy (when they can)
+ADAPTER_STRIDE = 1 << 17  # above every token id; stored ids stay below 2**24, exact in float32
+
+
+def stored_id(token: int, adapter_uid: int) -> int:
+    """What K holds for ``token`` computed through adapter ``adapter_uid`` (0: the base model)."""
+    return token + adapter_uid * ADAPTER_STRIDE
+
+
+class FakeAdapters:
+    """LoRA adapters as the scheduler asks for them (radixrt.scheduler.lora): ``lora1``..``lora3``, uids 1..3."""
+
+    by_name = {f"lora{uid}": SimpleNamespace(name=f"lora{uid}", path="-", uid=uid) for uid in (1, 2, 3)}
+
+    def uid_of(self, name: str) -> int:
+        if name not in self.by_name:
+            raise ValueError(f"unknown LoRA adapter {name!r}")
+        return self.by_name[name].uid
 
 
 class FakeRunner:
@@ -48,6 +68,7 @@ class FakeRunner:
         self.config = SimpleNamespace(vocab_size=vocab_size)
         self.context_length = context_length
         self.device = torch.device("cpu")
+        self.adapters = FakeAdapters()
         layout = KVLayout(num_layers=1, kv_heads=1, head_dim=2, page_size=page_size, dtype=torch.float32)
         self.pool = PagePool(layout, num_pages)
         self.vocab_size = vocab_size
@@ -73,7 +94,12 @@ class FakeRunner:
         # numpy views of the batch's tensors: these arrays are tiny, and numpy's per-op cost is the lower
         page_size, kv = self.page_size, self._kv_numpy
         out_slots, positions = batch.out_slots.numpy(), batch.positions.numpy()
-        kv[out_slots, 0] = batch.input_ids.numpy()
+        ids = batch.input_ids.numpy()
+        if batch.lora_spans:
+            ids = ids.copy()
+            for uid, start, end in batch.lora_spans:
+                ids[start:end] = stored_id(ids[start:end], uid)
+        kv[out_slots, 0] = ids
         kv[out_slots, 1] = positions
 
         seq_lens = batch.seq_lens.numpy().astype(np.int64)
@@ -94,7 +120,7 @@ class FakeRunner:
         self.tokens += int(extend_lens.sum())
         logits = self.logits_of(hashes)
         if self.copying:
-            self._copy(logits, stored[owner[rows], :, 0], positions[rows], hashes)
+            self._copy(logits, stored[owner[rows], :, 0] % ADAPTER_STRIDE, positions[rows], hashes)  # token ids
         return logits
 
     @staticmethod
@@ -120,7 +146,8 @@ class FakeRunner:
         return logits
 
     def kv_mismatches(self, token_ids: list[int], pages: list[int], num_tokens: int, first: int = 0) -> list[int]:
-        """Positions in ``first..num_tokens-1`` whose slots (through ``pages``) do not hold ``token_ids`` there."""
+        """Positions in ``first..num_tokens-1`` whose slots (through ``pages``) do not hold ``token_ids`` there (the
+        stored ids: see ``stored_id``)."""
         if num_tokens <= first:
             return []
         positions = np.arange(first, num_tokens)

@@ -43,6 +43,7 @@ def server_args(knobs: Knobs, num_pages: int) -> ServerArgs:
         disable_jump_forward=not knobs.jump_forward,
         enable_overlap_schedule=knobs.overlap,
         speculative_algorithm="NGRAM" if knobs.speculative else None,
+        max_loras_per_batch=knobs.max_loras_per_batch,
         log_interval=0,
         **{seed_option: knobs.seed},
     )
@@ -60,7 +61,8 @@ def build_scheduler(world: World, knobs: Knobs, num_pages: int, sink: Callable[[
 def generate_req(spec: SimRequest, prompt: list[int], session: SessionParams | None = None) -> GenerateReq:
     return GenerateReq(rid=spec.rid, input_ids=list(prompt), params=spec.params, return_logprob=spec.return_logprob,
                        logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
-                       grammar=spec.grammar, priority=spec.priority, session=session)
+                       grammar=spec.grammar, priority=spec.priority, session=session, lora_path=spec.lora_path,
+                       cache_key=spec.cache_key)
 
 
 @dataclass
@@ -155,7 +157,7 @@ class SoloOracle:
         """``vocab_size``: the logits' width in the run compared (sampling noise is drawn over the whole row);
         ``copying``: the fake model's (the solo run never speculates)."""
         key = (tuple(prompt), msgspec.json.encode(spec.params), spec.grammar, spec.return_logprob,
-               spec.logprob_start_len, spec.top_logprobs_num, jump_forward, vocab_size, copying)
+               spec.logprob_start_len, spec.top_logprobs_num, jump_forward, vocab_size, copying, spec.lora_path)
         outcome = self.memo.get(key)
         if outcome is None:
             outcome = self.memo[key] = self._run(spec, prompt, jump_forward, vocab_size, copying)

@@ -12,8 +12,11 @@ previous turn's prompt + its output + a new message, submitted some steps after 
 ``n`` > 1 (n requests with the same prompt, seeds ``seed + i``, as the Engine expands them).
 Per request: greedy or seeded sampling (top-k/top-p/min-p), ignore_eos, min_new_tokens, stop strings,
 stop_token_ids, penalties, a regex or choices constraint (or one that does not compile), prompt and output
-logprobs, an abort: on arrival, while queued, mid-prefill, mid-decode, after a retraction, or late; and, with
-``priorities``, a priority whose gaps exceed the preemption threshold (urgent requests preempt running ones).
+logprobs, an abort: on arrival, while queued, mid-prefill, mid-decode, after a retraction, or late; with
+``priorities``, a priority whose gaps exceed the preemption threshold (urgent requests preempt running ones); with
+``lora``, one of three LoRA adapters or none (the fake model writes K/V that depends on the adapter, so a prefix
+shared across adapters changes the outputs) and a cache isolation key or none, with at most
+``max_loras_per_batch`` adapters a batch.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from radixrt.sampling.params import SamplingParams
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 PAGE_SIZES = (1, 4, 16)
 PRIORITIES = (None, 0, 0, 5, 20, -20, 40)  # the default preemption threshold is 10
+ADAPTERS = (None, "lora1", "lora2", "lora3")  # the fake runner's adapters (fake_runner.FakeAdapters)
+CACHE_KEYS = (None, None, "tenant-a", "tenant-b")
 CHUNK_SIZES = (8, 16, 32, 64, 256, 2048)
 ABORT_KINDS = ("arrival", "queued", "prefill", "decode", "retracted", "late")
 
@@ -62,6 +67,8 @@ class Knobs:
     speculative: bool = False  # speculative decoding (NGRAM drafts verified in the scheduler's batches)
     copying: bool = False  # the fake model often copies earlier text (so drafts get accepted), solo runs too
     sessions: bool = False  # a multi-turn conversation runs in a session: later turns continue it by rid
+    lora: bool = False  # requests through LoRA adapters (and with cache isolation keys)
+    max_loras_per_batch: int = 8
 
     @classmethod
     def from_seed(cls, seed: int, **overrides) -> "Knobs":
@@ -92,6 +99,8 @@ class Knobs:
         speculative = random.Random(f"speculative-{seed}").random() < 0.5
         knobs = knobs.replace(speculative=speculative, copying=speculative,
                               sessions=random.Random(f"sessions-{seed}").random() < 0.5)
+        lora = random.Random(f"lora-{seed}")
+        knobs = knobs.replace(lora=lora.random() < 0.5, max_loras_per_batch=lora.choice((1, 2, 8)))
         return knobs.replace(**overrides)
 
     def replace(self, **changes) -> "Knobs":
@@ -122,6 +131,8 @@ class SimRequest:
     expect_error: str | None = None  # an abort message it must end with (a grammar that does not compile)
     length_bound: int = 0  # prompt tokens at most (follow-ups: through their parents' outputs)
     priority: int | None = None
+    lora_path: str | None = None
+    cache_key: str | None = None
 
 
 @dataclass
@@ -147,6 +158,7 @@ class _Builder:
         self.requests: list[SimRequest] = []
         self.vocab = world.word_ids + world.punctuation_ids
         self.priority_rng = random.Random(f"priorities-{knobs.seed}")  # apart: other draws stay as they were
+        self.lora_rng = random.Random(f"lora-requests-{knobs.seed}")
 
     @property
     def room(self) -> int:
@@ -212,6 +224,8 @@ class _Builder:
             req.abort = (rng.choice(ABORT_KINDS), rng.randint(0, 6))
         if knobs.priorities:
             req.priority = self.priority_rng.choice(PRIORITIES)
+        if knobs.lora:
+            req.lora_path, req.cache_key = self.lora_rng.choice(ADAPTERS), self.lora_rng.choice(CACHE_KEYS)
         self.requests.append(req)
         return req
 
