@@ -7,6 +7,7 @@ and leaves no process behind).
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -45,6 +46,14 @@ def test_api_key_is_refused_and_workers_get_the_options() -> None:
     assert "--dp-size" not in argv and "--port" not in argv and "--disable-radix-cache" in argv
     assert argv[argv.index("--dtype") + 1] == "float32"
     assert argv[argv.index("--served-model-name") + 1] == ServerArgs().model
+    # a list option reaches every worker as the flag and its values, as the worker's parser reads them back
+    lora = ServerArgs(dp_size=2, lora_paths=["a=/x", "b=/y"])
+    argv = worker_argv(lora)
+    at = argv.index("--lora-paths")
+    assert argv[at + 1 : at + 3] == ["a=/x", "b=/y"]
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    assert ServerArgs.from_cli_args(parser.parse_args(argv)).lora_adapters() == [("a", "/x"), ("b", "/y")]
 
 
 def _children(pid: int) -> set[int]:

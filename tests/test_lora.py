@@ -29,8 +29,8 @@ def family(request, tmp_path_factory):
     save_tiny_model(request.param, folder)
     adapters = {
         "all": save_adapter(folder, root / "all", r=4, alpha=8, seed=1, std=0.15),
-        "some": save_adapter(folder, root / "some", r=8, alpha=16, seed=2, std=0.15, targets=("q_proj", "v_proj", "down_proj"),
-                             layers=[1], rank_pattern={"v_proj": 2}),
+        "some": save_adapter(folder, root / "some", r=8, alpha=16, seed=2, std=0.15,
+                             targets=("q_proj", "v_proj", "down_proj"), layers=[1], rank_pattern={"v_proj": 2}),
         "mlp": save_adapter(folder, root / "mlp", r=6, alpha=12, seed=3, std=0.2, use_rslora=True,
                             targets=("gate_proj", "up_proj", "down_proj")),
     }

@@ -153,8 +153,8 @@ def load_adapter(name: str, path: str, uid: int, model_config, device: torch.dev
         rank = a.shape[0]
         fan_in, fan_out = sizes[module]
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != fan_in or b.shape != (fan_out, rank):
-            raise AdapterError(f"layer {layer} {module}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit "
-                               f"a {fan_in} -> {fan_out} projection")
+            raise AdapterError(f"layer {layer} {module}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do "
+                               f"not fit a {fan_in} -> {fan_out} projection")
         if max_rank is not None and rank > max_rank:
             raise AdapterError(f"the adapter's rank {rank} is above --max-lora-rank {max_rank}")
         largest = max(largest, rank)

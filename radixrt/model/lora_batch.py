@@ -9,7 +9,7 @@ same values within bfloat16's rounding. Two ways:
 - stacked (decode and verify steps, at most ``STACKED_MAX_ROWS`` rows): every row through the stack of all the
   batch's adapters, the columns of other adapters than its own masked to zero: four operations a module,
   however many adapters share the batch, the two products on the CPU's packed linear kernels
-  (radixrt.model.cpu_linear: at 8 rows about a third of the time of torch's products);
+  (radixrt.model.cpu_linear), which at decode sizes cost less than torch's products;
 - grouped (prefill chunks): each adapter's rows, a slice where they are contiguous, through its own stack.
 
 The stacks of the latest sets of adapters are kept (``StackCache``): a decode batch keeps its adapters for many

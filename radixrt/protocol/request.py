@@ -4,8 +4,8 @@
 text and input_ids (one prompt or a batch), one sampling-params dict or one per prompt, the logprob options,
 streaming, SGLang's ``priority``, ``session_params`` and ``lora_path`` (a loaded LoRA adapter's name, or one per
 prompt), SGLang's ``extra_key`` and vLLM's ``cache_salt`` (strings, or one per prompt, that keep a request's
-prefix cache apart from that of requests without the same ones), and request ids. The Engine builds one from its keyword
-arguments, /generate decodes one from its body, the OpenAI routes build one from their mapped fields.
+prefix cache apart from that of requests without the same ones), and request ids. The Engine builds one from its
+keyword arguments, /generate decodes one from its body, the OpenAI routes build one from their mapped fields.
 
 ``prepare`` checks everything cheap before any text is tokenized, then validates every sequence
 (``validate_request``) before anything is queued; ``expand`` turns each prompt into ``n`` messages (n > 1:

@@ -185,7 +185,8 @@ class Admission:
 
     def _match(self, req: Req) -> MatchResult:
         """The request's cached prefix (in its namespace: its adapter's, its isolation key's), unrecorded."""
-        return self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False, namespace=req.cache_namespace)
+        return self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False,
+                                       namespace=req.cache_namespace)
 
     def _match_limit(self, req: Req) -> int:
         """Tokens the cache may serve: never the last one (its logits are needed), nor prompt logprob rows, nor
@@ -212,7 +213,8 @@ class Admission:
             if other.num_to_compute <= 1 and id(other) not in just_admitted:
                 continue
             # the last token such a prefix would hold first: most requests differ there (one comparison, no copy)
-            if other.total_len < need or other.token_at(last) != fill[last] or other.cache_namespace != req.cache_namespace:
+            if (other.total_len < need or other.token_at(last) != fill[last]
+                    or other.cache_namespace != req.cache_namespace):
                 continue
             if common_prefix_len(fill, other.fill_ids) >= need:
                 return True

@@ -62,7 +62,10 @@ def worker_argv(args: ServerArgs) -> list[str]:
         if f.name in _NOT_FORWARDED or f.name in ServerArgs.SECRETS or value is None or value is False:
             continue
         flag = "--" + f.name.replace("_", "-")
-        argv += [flag] if value is True else [flag, str(value)]
+        if isinstance(value, list):  # --lora-paths a=/x b=/y
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag] if value is True else [flag, str(value)]
     return argv
 
 

@@ -8,7 +8,8 @@ sequence validated), exactly as /generate is. ``n`` samples of each prompt becom
 ``i`` is request ``i``. Answers and stream chunks are built by radixrt.server.openai_responses. Chat requests
 with tools are planned by radixrt.server.openai_tools (prompt, constraint) and their answers parsed into calls; on
 a server with ``--reasoning-parser`` a chat answer's reasoning block is split off and its constraint applies after
-it (radixrt.server.openai_reasoning). ``chat_template_kwargs`` go to the chat template.
+it (radixrt.server.openai_reasoning). ``chat_template_kwargs`` go to the chat template. ``model`` may name a
+loaded LoRA adapter (``served_model``); /v1/models lists them beside the base model.
 """
 
 from __future__ import annotations

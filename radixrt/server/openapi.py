@@ -296,7 +296,8 @@ def _responses(ok: dict[str, Any], *errors: int) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorResponse")}}}}
     out: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
     for code in errors:
-        out[str(code)] = {"description": {400: "bad request", 404: "unknown model, session or LoRA adapter", 405: "method not allowed",
+        out[str(code)] = {"description": {400: "bad request", 404: "unknown model, session or LoRA adapter",
+                                          405: "method not allowed",
                                           409: "a session id or LoRA adapter name in use, or an adapter in use",
                                           503: "overloaded or the runtime is down"}[code], **error}
     return out
