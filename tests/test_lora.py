@@ -248,3 +248,24 @@ def test_lora_path_names_one_adapter_or_one_per_prompt():
     for bad in (["a"], 3, ["a", 4], {"a": 1}):
         with pytest.raises(RequestError, match="lora_path must be"):
             lora_paths_from(bad, 2)
+
+
+def test_decode_batches_with_adapter_rows_run_eagerly_beside_graphs(family):
+    """Graphs hold the base model: a decode batch with adapter rows runs eagerly (PEFT's logits), one without
+    replays its graph (the CPU stand-in for CUDA graphs, with the GPU attention backend in triton's interpreter)."""
+    from radixrt.model.cuda_graph import ReplayByCall
+    from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+
+    folder, adapters, expected = family
+    runner = _runner(folder, {"all": adapters["all"]}, attention_backend="triton", graph_factory=ReplayByCall(),
+                     cuda_graph_max_bs=2)
+    uid = runner.adapters.uid_of("all")
+    prompt = PROMPTS[2]
+    pages = runner.pool.alloc(2)
+    for lora_uid, name in ((uid, "all"), (0, None)):
+        runner.forward(ForwardBatch.build([SeqChunk(prompt[:-1], 0, pages, lora_uid=lora_uid)], 4))
+        replays = runner.graphs.replays
+        logits = runner.forward(ForwardBatch.build([SeqChunk(prompt[-1:], len(prompt) - 1, pages,
+                                                             lora_uid=lora_uid)], 4))
+        assert runner.graphs.replays == replays + (name is None), name
+        assert (logits[0] - expected[name][2][-1]).abs().max().item() <= 1e-4, name
