@@ -133,6 +133,20 @@ def test_what_cannot_be_served_is_that_calls_error(engine, adapters, call, messa
     assert engine.generate(PROMPTS[0], GREEDY, lora_path="b")["output_ids"] == expected["b"][0]
 
 
+def test_overlap_scheduling_serves_adapters(adapters):
+    """Decode steps launched before the previous step's tokens are read back carry each row's adapter too."""
+    paths, expected = adapters
+    engine = radixrt.Engine(dtype="float32", kv_memory_gb=0.1, lora_paths=[f"a={paths['a']}"],
+                            enable_overlap_schedule=True, log_interval=0, debug_checks=True)
+    try:
+        names = ["a", None, "a", None]
+        results = engine.generate([PROMPTS[i % 2] for i in range(4)], GREEDY, lora_path=names)
+        assert _ids(results) == [expected[n][i % 2] for i, n in enumerate(names)]
+        assert engine.scheduler.launched_steps > 0
+    finally:
+        engine.shutdown()
+
+
 # ----- the server ------------------------------------------------------------------------------------------
 
 

@@ -119,7 +119,7 @@ class ForwardBatch:
 
     @classmethod
     def build_decode(cls, tokens: list[int], prefix_lens: list[int], pages: list[list[int]], page_size: int,
-                     device: str | torch.device = "cpu") -> "ForwardBatch":
+                     device: str | torch.device = "cpu", lora_uids: list[int] | None = None) -> "ForwardBatch":
         """``build`` of one new token per request, from parallel lists: what the overlap scheduler runs at every step
         of a large batch, without a ``SeqChunk`` per request and with the page table filled in one assignment."""
         batch = len(tokens)
@@ -139,8 +139,9 @@ class ForwardBatch:
                 "page_table": page_table, "prefix_lens": prefix, "extend_lens": np.ones(batch, np.int64),
                 "seq_lens": prefix + 1, "logits_indices": rows}
         tensors = stage({name: np.asarray(a, dtype=TENSOR_FIELDS[name]) for name, a in host.items()}, device)
+        spans = [(uid, row, row + 1) for row, uid in enumerate(lora_uids or ()) if uid] or None
         return cls(**tensors, logits_counts=[1] * batch, is_decode=True, max_extend_len=1,
-                   max_seq_len=int(prefix.max()) + 1)
+                   max_seq_len=int(prefix.max()) + 1, lora_spans=spans)
 
     def host_fields(self) -> dict:
         return {name: getattr(self, name) for name in HOST_FIELDS}

@@ -13,8 +13,8 @@ synchronous step.
 Only decode steps of simple requests are launched (``overlappable``): a grammar mask, penalties, a pending
 ``min_new_tokens`` ban or logprobs need the previous token on the host before sampling, so such a request keeps
 the synchronous loop (and so does a batch that holds one); so does a request with a logit bias, which only the
-synchronous sampler (radixrt.scheduler.logits) applies, and one through a LoRA adapter, whose rows a launched
-step's batch (``ForwardBatch.build_decode``) does not carry.
+synchronous sampler (radixrt.scheduler.logits) applies. A launched step's batch carries each request's LoRA
+adapter as the synchronous one does.
 
 A request that finishes when its step is read back (eos, a stop token or string) was already in the next
 launched step, which writes its last token's K/V and samples one more token that is dropped. A request known
@@ -41,8 +41,7 @@ def overlappable(req: Req, in_flight: int = 0) -> bool:
     """Whether the request's next token can be sampled without its previous one on the host (``in_flight``:
     sampled tokens not yet in ``output_ids``)."""
     p = req.params
-    return (not req.embed and not req.lora_uid and p.max_new_tokens > 0 and req.grammar is None
-            and req.grammar_future is None
+    return (not req.embed and p.max_new_tokens > 0 and req.grammar is None and req.grammar_future is None
             and not req.return_logprob
             and p.repetition_penalty == 1.0 and not p.frequency_penalty and not p.presence_penalty
             and not p.logit_bias
@@ -111,6 +110,7 @@ def continuation_batch(plan: Plan, launched: Launched, page_size: int, device: t
     reqs = [req for req, _ in plan]
     # built with the launched rows in place of the tokens (one copy to the device), then gathered there
     batch = ForwardBatch.build_decode([row_of[id(req)] for req in reqs], [req.num_computed for req in reqs],
-                                      [req.pages for req in reqs], page_size, device)
+                                      [req.pages for req in reqs], page_size, device,
+                                      [req.lora_uid for req in reqs])
     batch.input_ids = launched.tokens[batch.input_ids]
     return batch
