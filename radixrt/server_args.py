@@ -153,7 +153,10 @@ class ServerArgs:
     max_loaded_loras: int | None = field(default=None, metadata={"help": "adapters loaded at once at most (a load beyond it is refused; default: no limit)"})
     max_lora_rank: int | None = field(default=None, metadata={"help": "refuse adapters of a larger rank (default: any rank)"})
     lora_target_modules: list[str] | None = field(default=None, metadata={"no_effect": "an adapter may target any projection of the decoder; each adapter's own are read from it"})
-    lora_backend: str | None = field(default=None, metadata={"no_effect": "the low-rank products run as torch matrix products on every device"})
+    lora_backend: str | None = field(default=None, metadata={"no_effect": "radixrt picks the low-rank products itself (the packed CPU kernels in decode steps, torch's elsewhere)"})
+    lora_eviction_policy: str | None = field(default=None, metadata={"no_effect": "every loaded adapter stays in memory: none is evicted"})
+    max_lora_chunk_size: int | None = field(default=None, metadata={"no_effect": "a setting of SGLang's chunked SGMV kernels, which radixrt does not use"})
+    enable_lora_overlap_loading: bool = field(default=False, metadata={"no_effect": "an adapter is loaded once, into the memory the forwards read"})
     # ----- SGLang's launch flags asking for what radixrt does not serve: refused unless they ask for nothing -----
     quantization: str | None = field(default=None, metadata={"refused": ("quantized inference (a GGUF file is dequantized at load)", (None,))})
     kv_cache_dtype: str = field(default="auto", metadata={"refused": ("a KV cache dtype other than the model's", ("auto",))})
