@@ -392,8 +392,14 @@ class Engine:
         """Load a LoRA adapter (a PEFT folder or a hub id) under ``lora_name``, for requests that name it by
         ``lora_path=``; needs ``enable_lora=True``. Returns every loaded adapter's name -> path; ValueError for a
         name in use, an adapter that cannot be served, or one past ``max_loaded_loras``. (``pinned``, SGLang's
-        keep-in-GPU-memory hint, changes nothing: every loaded adapter stays in memory.)"""
-        return self._call(LoadLoraReq(lora_name, lora_path)).loaded
+        keep-in-GPU-memory hint, changes nothing: every loaded adapter stays in memory.) A hub id is fetched here,
+        on the caller's thread, so the download never holds up the requests being served."""
+        folder = None
+        if self.args.enable_lora:
+            from radixrt.model.weights import resolve_adapter_path
+
+            folder = str(resolve_adapter_path(lora_path))
+        return self._call(LoadLoraReq(lora_name, lora_path, folder)).loaded
 
     def unload_lora_adapter(self, lora_name: str) -> dict[str, str]:
         """Unload an adapter; ValueError while requests use it or if none is loaded under that name."""

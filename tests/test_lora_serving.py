@@ -118,6 +118,27 @@ def test_adapters_load_and_unload_while_serving(engine, adapters):
     engine.unload_lora_adapter("c")
 
 
+def test_a_hub_adapter_is_fetched_on_the_callers_thread(engine, adapters, monkeypatch):
+    """A download never runs on the scheduler's thread, where it would hold up every request being served."""
+    import threading
+
+    import huggingface_hub
+
+    paths, expected = adapters
+    calls = []
+
+    def snapshot_download(repo_id, **kwargs):
+        calls.append((repo_id, threading.current_thread()))
+        return str(paths["a"])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    loaded = engine.load_lora_adapter("hub", "someone/sql-adapter")
+    assert loaded["hub"] == "someone/sql-adapter"
+    assert calls == [("someone/sql-adapter", threading.current_thread())]
+    assert engine.generate(PROMPTS[0], GREEDY, lora_path="hub")["output_ids"] == expected["a"][0]
+    engine.unload_lora_adapter("hub")
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda e, p: e.load_lora_adapter("a", str(p["b"])), "already loaded"),
     (lambda e, p: e.load_lora_adapter("d", "/no/such/adapter"), "is not a folder"),

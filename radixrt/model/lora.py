@@ -25,6 +25,9 @@ from pathlib import Path
 import torch
 
 from radixrt.model.lora_batch import LoraBatch, StackCache, lora_batch
+from radixrt.model.weights import AdapterError, resolve_adapter_path
+
+__all__ = ["AdapterError", "Adapter", "Adapters", "load_adapter", "projection_sizes", "resolve_adapter_path"]
 
 # the checkpoint's projection -> (our merged module, its index among the merged outputs)
 TARGETS = {
@@ -39,10 +42,6 @@ _CONFIG_REFUSALS = (
     ("alpha_pattern", lambda v: bool(v), "adapters with an alpha_pattern"),
     ("fan_in_fan_out", lambda v: bool(v), "fan_in_fan_out adapters (GPT-2 style Conv1D weights)"),
 )
-
-
-class AdapterError(ValueError):
-    """An adapter that cannot be loaded or served; the message says why."""
 
 
 @dataclass
@@ -62,24 +61,6 @@ class Adapter:
     rank: int  # the largest module rank
     targets: tuple[str, ...]
     updates: dict[tuple[int, str], ModuleUpdate] = field(default_factory=dict)  # (layer, merged module) -> update
-
-
-def resolve_adapter_path(path: str) -> Path:
-    """A local adapter folder, or a hub id fetched into the Hugging Face cache."""
-    local = Path(path).expanduser()
-    if local.is_dir():
-        if not (local / "adapter_config.json").is_file():
-            raise AdapterError(f"{local} has no adapter_config.json; it is not a PEFT adapter folder")
-        return local
-    if local.exists() or path.startswith((".", "/", "~")):
-        raise AdapterError(f"LoRA adapter path {path!r} is not a folder")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(path, allow_patterns=["adapter_config.json", "adapter_model.*"]))
-    except Exception as exc:
-        raise AdapterError(f"could not fetch the LoRA adapter {path!r} from the Hugging Face hub "
-                           f"({type(exc).__name__}: {exc}); pass a local adapter folder") from None
 
 
 def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -122,9 +103,10 @@ def projection_sizes(model_config) -> dict[str, tuple[int, int]]:
 
 
 def load_adapter(name: str, path: str, uid: int, model_config, device: torch.device, max_rank: int | None = None,
-                 ) -> Adapter:
-    """Read, check and lay out one adapter for ``model_config``'s shapes; ``AdapterError`` says what is wrong."""
-    folder = resolve_adapter_path(path)
+                 folder: str | None = None) -> Adapter:
+    """Read, check and lay out one adapter for ``model_config``'s shapes; ``AdapterError`` says what is wrong.
+    ``folder``: where ``path`` (a hub id, say) was already fetched to."""
+    folder = resolve_adapter_path(folder or path)
     config = _read_config(folder)
     tensors = _read_tensors(folder)
     sizes = projection_sizes(model_config)
@@ -201,12 +183,13 @@ class Adapters:
         self._next_uid = 1
         self.stacks = StackCache(dtype)  # the updates as the forwards use them, in the model's dtype
 
-    def load(self, name: str, path: str) -> Adapter:
+    def load(self, name: str, path: str, folder: str | None = None) -> Adapter:
+        """Load ``path`` (read from ``folder`` when the caller fetched it already) under ``name``."""
         if not name or not isinstance(name, str):
             raise AdapterError("a LoRA adapter needs a non-empty name")
         if name in self.by_name:
             raise AdapterError(f"a LoRA adapter named {name!r} is already loaded")
-        adapter = load_adapter(name, path, self._next_uid, self.model_config, self.device, self.max_rank)
+        adapter = load_adapter(name, path, self._next_uid, self.model_config, self.device, self.max_rank, folder)
         self._next_uid += 1
         self.by_name[name] = adapter
         self.by_uid[adapter.uid] = adapter

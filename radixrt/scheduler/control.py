@@ -76,7 +76,7 @@ def _profile_state(scheduler: Scheduler, req: ProfileStateReq) -> ProfileStateOu
 
 
 def _load_lora(scheduler: Scheduler, req: LoadLoraReq) -> LoraAdaptersOut:
-    return LoraAdaptersOut(scheduler.load_lora(req.lora_name, req.lora_path))
+    return LoraAdaptersOut(scheduler.load_lora(req.lora_name, req.lora_path, req.folder))
 
 
 def _unload_lora(scheduler: Scheduler, req: UnloadLoraReq) -> LoraAdaptersOut:

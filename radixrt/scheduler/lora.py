@@ -44,7 +44,9 @@ def loaded(runner) -> dict[str, str]:
     return {} if adapters is None else {a.name: a.path for a in adapters.by_name.values()}
 
 
-def load(runner, name: str, path: str, max_loaded: int | None) -> dict[str, str]:
+def load(runner, name: str, path: str, max_loaded: int | None, folder: str | None = None) -> dict[str, str]:
+    """Load an adapter between steps, from ``folder`` where the caller fetched ``path`` already (a hub download
+    happens off the scheduler's thread: in the HTTP process, or in the Engine's caller)."""
     adapters = _adapters(runner)
     if name in adapters.by_name:
         raise Conflict(f"a LoRA adapter named {name!r} is already loaded")
@@ -52,7 +54,7 @@ def load(runner, name: str, path: str, max_loaded: int | None) -> dict[str, str]
         raise Conflict(f"{len(adapters.by_name)} LoRA adapters are loaded, --max-loaded-loras {max_loaded}: "
                        "unload one first")
     try:
-        adapter = adapters.load(name, path)
+        adapter = adapters.load(name, path, folder)
     except ValueError as exc:  # AdapterError: the adapter's own fault
         raise RequestError(str(exc)) from None
     logger.info("LoRA adapter %r loaded from %s: rank %d on %s", name, path, adapter.rank, ", ".join(adapter.targets))

@@ -243,8 +243,8 @@ class Scheduler:
         """Close a session and release its pin (scheduler thread); False if it was not open."""
         return self.sessions.close(session_id)
 
-    def load_lora(self, name: str, path: str) -> dict[str, str]:
-        return lora.load(self.runner, name, path, self.args.max_loaded_loras)
+    def load_lora(self, name: str, path: str, folder: str | None = None) -> dict[str, str]:
+        return lora.load(self.runner, name, path, self.args.max_loaded_loras, folder)
 
     def unload_lora(self, name: str) -> dict[str, str]:
         return lora.unload(self.runner, name, self.waiting + self.running)
