@@ -1,5 +1,5 @@
 """Tensor parallelism over gloo on the CPU: greedy tokens of TP=2 (tiny random models, one with its single
-K/V head replicated, one whose vocabulary is padded) and TP=3 (the default model) equal TP=1's in float32,
+K/V head replicated, a mixture of experts whose vocabulary is padded) and TP=3 (the default model) equal TP=1's in float32,
 through the Engine and through `radixrt serve`; two "nodes" over loopback; a killed rank ends the Engine
 (EngineDead) and the server (exit code 1) with no process left; options that cannot work fail at start."""
 
@@ -62,13 +62,19 @@ def followers_of(pid: int) -> list[int]:
 
 def save_model(folder: Path, default_model_path: Path, kv_heads: int, vocab_size: int, family: str) -> Path:
     """A random 2-layer model with 4 query heads and the default model's tokenizer."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2MoeConfig, Qwen3Config
 
     torch.manual_seed(0)
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256,
                   rms_norm_eps=1e-6, tie_word_embeddings=True, eos_token_id=2, bos_token_id=1)
-    config = LlamaConfig(**common) if family == "llama" else Qwen3Config(**common, head_dim=16)
+    if family == "llama":
+        config = LlamaConfig(**common)
+    elif family == "qwen2-moe":  # 6 routed experts (2 a token), a shared one, layer 1 dense
+        config = Qwen2MoeConfig(**common, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                                shared_expert_intermediate_size=48, mlp_only_layers=[1])
+    else:
+        config = Qwen3Config(**common, head_dim=16)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for param in model.parameters():
@@ -133,10 +139,19 @@ def test_server_refuses_a_bad_tp_size_with_exit_code_1():
 # ----- exact against one rank ------------------------------------------------------------------------------
 
 
-def test_tp2_on_a_tiny_model_with_a_padded_vocabulary_matches_tp1(tmp_path, default_model_path):
-    # 49155 rows: not a multiple of 2, so each rank holds 24578 rows of which the last pads.
-    model = str(save_model(tmp_path / "tiny", default_model_path, kv_heads=2, vocab_size=49155, family="llama"))
-    assert greedy(model, 2) == greedy(model, 1)
+def test_tp2_on_a_tiny_mixture_of_experts_with_a_padded_vocabulary_matches_tp1(tmp_path, default_model_path):
+    # 49155 rows: not a multiple of 2, so each rank holds 24578 rows of which the last pads. Each expert's width is
+    # split over the ranks, the router replicated, routed and shared experts' partial sums all-reduced once.
+    from radixrt import Engine
+
+    model = str(save_model(tmp_path / "tiny", default_model_path, kv_heads=2, vocab_size=49155, family="qwen2-moe"))
+    runs = []
+    for tp_size in (1, 2):
+        with Engine(model=model, dtype="float32", tp_size=tp_size, max_total_pages=64, log_interval=0) as engine:
+            runs.append(greedy_logprobs(engine, PROMPTS))
+    for (want_ids, want_lps), (ids, lps) in zip(*runs):
+        assert ids == want_ids
+        assert lps == pytest.approx(want_lps, abs=1e-4)
 
 
 def test_tp2_replicates_a_single_kv_head_and_matches_tp1_over_cached_pages(tmp_path, default_model_path):

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("llama", "llama3-scaled", "mistral", "qwen2", "qwen3", "untied-gqa1")
+FAMILIES = ("llama", "llama3-scaled", "mistral", "qwen2", "qwen3", "untied-gqa1", "mixtral", "qwen2-moe", "qwen3-moe")
+MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe")
 
 
 def tiny_config(family: str):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+                              Qwen3MoeConfig)
 
     common = dict(
         vocab_size=128,
@@ -36,6 +38,16 @@ def tiny_config(family: str):
         return Qwen3Config(**{**common, "num_key_value_heads": 1}, head_dim=32, tie_word_embeddings=True)
     if family == "untied-gqa1":
         return LlamaConfig(**{**common, "num_key_value_heads": 4}, tie_word_embeddings=False)
+    if family == "mixtral":  # every layer sparse: 4 experts of width 96, 2 a token, sliding window
+        return MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2, sliding_window=7,
+                             tie_word_embeddings=False)
+    if family == "qwen2-moe":  # a shared expert beside 6 routed ones; layer 1 dense; weights not renormalised
+        return Qwen2MoeConfig(**common, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                              shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=False,
+                              tie_word_embeddings=False)
+    if family == "qwen3-moe":  # 8 experts, 3 a token, renormalised; every second layer sparse
+        return Qwen3MoeConfig(**common, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                              decoder_sparse_step=2, norm_topk_prob=True, head_dim=16, tie_word_embeddings=True)
     raise ValueError(family)
 
 

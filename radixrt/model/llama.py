@@ -1,4 +1,5 @@
-"""The Llama-style decoder family: Llama 2/3, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
+"""The Llama-style decoder family: Llama 2/3, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), and their
+mixture-of-experts kin Mixtral, Qwen2-MoE and Qwen3-MoE (the same attention; the MLP in ``model/moe.py``).
 
 Tensor parallel (``tp``): each rank holds ``heads / tp_size`` query heads and their K/V heads; where ranks
 outnumber the K/V heads each K/V head is replicated on ``tp_size / kv_heads`` consecutive ranks.
@@ -7,7 +8,8 @@ outnumber the K/V heads each K/V head is replicated on ``tp_size / kv_heads`` co
 
 from __future__ import annotations
 
-from typing import Iterable
+import re
+from typing import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +19,7 @@ from radixrt.model.attention import AttentionBackend
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.layers import RMSNorm, RotaryEmbedding, silu_and_mul
 from radixrt.model.module import InferenceModule
+from radixrt.model.moe import SparseMoeBlock, is_sparse_layer, moe_widths
 from radixrt.model.cpu_linear import PackedWeight, pack_weight, packed_linear
 from radixrt.model.parallel import (
     SINGLE,
@@ -32,6 +35,9 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 
 
@@ -62,8 +68,11 @@ def check_tensor_parallel(config, tp_size: int) -> None:
         problems.append(f"{heads} attention heads do not divide by tp_size {tp_size}")
     if (kv_heads % tp_size) if tp_size <= kv_heads else (tp_size % kv_heads):
         problems.append(f"{kv_heads} K/V heads neither divide by tp_size {tp_size} nor divide it")
-    if config.intermediate_size % tp_size:
-        problems.append(f"the MLP's intermediate size {config.intermediate_size} does not divide by tp_size {tp_size}")
+    dense = any(not is_sparse_layer(config, layer) for layer in range(config.num_hidden_layers))
+    widths = ([("the MLP's intermediate size", config.intermediate_size)] if dense else []) + moe_widths(config)
+    for what, width in widths:
+        if width % tp_size:
+            problems.append(f"{what} {width} does not divide by tp_size {tp_size}")
     if problems:
         raise ValueError(f"this model cannot run with tp_size {tp_size}: " + "; ".join(problems))
 
@@ -76,7 +85,9 @@ class Attention(InferenceModule):
         self.num_heads = config.num_attention_heads // tp.size
         replicas = kv_replicas(config, tp.size)
         self.num_kv_heads = config.num_key_value_heads * replicas // tp.size
-        bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
+        bias = getattr(config, "qkv_bias", None)  # Qwen2-MoE names it
+        if bias is None:
+            bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
         d = self.head_dim
         self.qkv_proj = ColumnParallelLinear(
             config.hidden_size,
@@ -88,7 +99,7 @@ class Attention(InferenceModule):
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * d, config.hidden_size, bias=getattr(config, "attention_bias", False), tp=tp
         )
-        self.qk_norm = config.model_type == "qwen3"
+        self.qk_norm = config.model_type in ("qwen3", "qwen3_moe")
         if self.qk_norm:
             self.q_norm = RMSNorm(d, config.rms_norm_eps)
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
@@ -147,7 +158,7 @@ class DecoderLayer(InferenceModule):
     def __init__(self, config, layer: int, rotary: RotaryEmbedding, tp: TPGroup) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer, rotary, tp)
-        self.mlp = MLP(config, layer, tp)
+        self.mlp = SparseMoeBlock(config, layer, tp) if is_sparse_layer(config, layer) else MLP(config, layer, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -221,7 +232,7 @@ class LlamaForCausalLM(InferenceModule):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         modules = dict(self.named_modules())
         seen: set[str] = set()
-        for name, tensor in weights:
+        for name, tensor in _expert_tensors(weights):
             if name.startswith("model."):
                 name = name[len("model.") :]
             if "rotary_emb" in name:
@@ -249,3 +260,31 @@ class LlamaForCausalLM(InferenceModule):
         )
         if len(seen) != expected:
             raise ValueError(f"the checkpoint filled {len(seen)} of {expected} weights")
+
+
+_MIXTRAL_EXPERT = re.compile(r"\.experts\.(\d+)\.w([123])\.")
+_MIXTRAL_NAMES = {"1": "gate_proj", "2": "down_proj", "3": "up_proj"}
+_STACKED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
+
+
+def _expert_tensors(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """A checkpoint's tensors with every expert named as the Qwen MoE checkpoints name it
+    (``mlp.experts.E.gate_proj.weight``): Mixtral's ``block_sparse_moe.experts.E.w1/w2/w3`` renamed, and experts
+    stored as one 3-D tensor per projection (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``mlp.experts.down_proj``
+    ``[E, H, I]``, as transformers lays them out in memory) split per expert. Other tensors pass unchanged."""
+    for name, tensor in weights:
+        if ".block_sparse_moe." in name:
+            name = name.replace(".block_sparse_moe.", ".mlp.")
+            name = _MIXTRAL_EXPERT.sub(lambda m: f".experts.{m[1]}.{_MIXTRAL_NAMES[m[2]]}.", name)
+        stacked = _STACKED_EXPERTS.search(name)
+        if stacked is None or tensor.dim() != 3:
+            yield name, tensor
+            continue
+        prefix = name[: stacked.start()]
+        for expert, weight in enumerate(tensor):
+            if stacked[1] == "down_proj":
+                yield f"{prefix}.experts.{expert}.down_proj.weight", weight
+            else:
+                gate, up = weight.chunk(2, dim=0)
+                yield f"{prefix}.experts.{expert}.gate_proj.weight", gate
+                yield f"{prefix}.experts.{expert}.up_proj.weight", up

@@ -134,6 +134,10 @@ class RowParallelLinear(PackableLinear):
         out = self.tp.all_reduce(self._matmul(x))
         return out if self.bias is None else out + self.bias
 
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sums, not yet all-reduced, without the bias (a caller that reduces several at once)."""
+        return self._matmul(x)
+
 
 class VocabParallelEmbedding(InferenceModule):
     """Token embedding whose rows (the vocabulary, padded to a multiple of the rank count) are split over ranks."""

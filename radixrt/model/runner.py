@@ -8,7 +8,8 @@ rank 0 (``MirroredPagePool``) and sent with the next batch; followers apply it b
 every pool goes through the same writes in the same order.
 
 On CUDA (one rank, the Triton attention backend), decode batches replay CUDA graphs captured at start-up
-(``model/cuda_graph.py``), unless ``disable_cuda_graph``; any other batch runs eagerly. A ``graph_factory`` given by a caller (tests on a CPU)
+(``model/cuda_graph.py``), unless ``disable_cuda_graph`` or the model is a mixture of experts (its forward reads
+the experts' row counts on the host); any other batch runs eagerly. A ``graph_factory`` given by a caller (tests on a CPU)
 takes the CUDA graphs' place.
 """
 
@@ -37,6 +38,7 @@ from radixrt.model.llama import (
     head_dim_of,
     kv_replicas,
 )
+from radixrt.model.moe import is_moe
 from radixrt.model.parallel import SINGLE
 
 if TYPE_CHECKING:
@@ -111,6 +113,13 @@ def check_deterministic(device: torch.device, world: TPWorld | None) -> None:
                          "the all-reduce's sums are not fixed per row")
 
 
+def graph_refusal(config) -> str | None:
+    """Why this model's decode steps cannot be captured as CUDA graphs, or None where they can."""
+    if is_moe(config):
+        return "a mixture-of-experts forward reads its experts' row counts on the host (it runs eagerly)"
+    return None
+
+
 class MirroredPagePool(PagePool):
     """Rank 0's pool: records each page copy, for the followers to repeat before the next forward."""
 
@@ -169,6 +178,8 @@ class ModelRunner:
         self.model.bind_attributes()  # the model is final: its weights are read as plain attributes
         self.adapters: Adapters | None = None
         if enable_lora or lora_adapters:
+            if is_moe(self.config):
+                raise ValueError("LoRA adapters do not run on mixture-of-experts models yet")
             if world is not None:
                 raise ValueError("LoRA adapters do not run with tensor parallelism (--tp-size > 1) yet")
             self.adapters = Adapters(self.config, self.device, max_lora_rank, self.dtype)
@@ -199,7 +210,11 @@ class ModelRunner:
         # graphs need a forward that never syncs: the Triton backend's (the torch one plans on the host)
         if (graph_factory is None and self.device.type == "cuda" and world is None and not disable_cuda_graph
                 and self.attention.backend == "triton"):
-            graph_factory = CudaGraphFactory(self.device)
+            refusal = graph_refusal(self.config)
+            if refusal is None:
+                graph_factory = CudaGraphFactory(self.device)
+            else:
+                logger.info("decode graphs off: %s", refusal)
         if graph_factory is not None:
             self._capture_graphs(graph_factory, cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS)
         self.load_seconds = time.perf_counter() - started
