@@ -80,11 +80,13 @@ def test_cpu_dry_run_passes(default_model_path, tmp_path):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "# summary" in run.stdout and "needs CUDA" in run.stdout
     report = json.loads((out / "gpu_check.json").read_text())
-    assert report["ok"] and set(report["parts"]) == {"kernels", "engine", "server", "bandwidth", "graphs", "speed"}
+    assert report["ok"] and set(report["parts"]) == {"kernels", "engine", "moe", "server", "bandwidth", "graphs", "speed"}
     assert all(part["ok"] and part["error"] is None for part in report["parts"].values())
     engine = report["parts"]["engine"]["figures"]
     assert engine["float32"]["tokens_compared"] > 0 and engine["float32"]["logprob_max_abs_diff"] <= 1e-3
     assert engine["bfloat16"]["tokens_compared"] > 0
+    moe = report["parts"]["moe"]["figures"]
+    assert moe["float32"]["tokens_compared"] > 0 and moe["float32"]["logprob_max_abs_diff"] <= 1e-3
     graphs = report["parts"]["graphs"]["figures"]
     assert graphs["batches_checked"] == [1, 2] and graphs["float32"]["tokens_compared"] > 0
     assert graphs["float32"]["launched_steps"] > 0  # the overlap scheduler ran

@@ -12,6 +12,9 @@ Parts, each reported as pass or fail with its error (the exit status is 1 when a
   and unseeded sampling, top-k/top-p/min-p, penalties, a regex constraint and logprobs, whose seeded twins
   must agree. Tokens may differ only after a near-tie: a step where transformers rates its token and ours
   within ``TIE`` of each other (bf16 rounding flips such steps); the tokens after it are not compared.
+- ``moe``: the engine part's comparison with transformers (fp32, bf16) over a seeded random mixture-of-experts
+  model of the engine model's width and tokenizer (Qwen3-MoE, 4 layers, 8 experts, 2 a token): the expert path,
+  which runs eagerly on CUDA.
 - ``server``: ``radixrt serve --device ...``, one ``/generate`` and one ``/v1/chat/completions``.
 - ``bandwidth``: decode-kernel bandwidth (K/V bytes read / time) at a few batch x context sizes, against the
   card's peak, timed alone and under a CUDA graph (and up to batch 64 for each split count); each size is
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="radixrt-gpu-check-") as scratch:
         model = args.model or DEFAULT_MODEL
-        if args.synthetic_weights and {"engine", "server", "graphs", "speed"} & set(names):
+        if args.synthetic_weights and {"engine", "moe", "server", "graphs", "speed"} & set(names):
             model = str(synthetic_model(Path(args.synthetic_weights), Path(scratch) / "model"))
             print(f"# synthetic weights with the config of {args.synthetic_weights}", flush=True)
         ctx = Context(device=device, sizes=CUDA_SIZES if device.startswith("cuda") else CPU_SIZES, model=model,

@@ -1,4 +1,5 @@
-"""The four parts of the GPU check (radixrt/bench/gpu_check.py): each runs its steps and fills a ``Part``."""
+"""The parts of the GPU check (radixrt/bench/gpu_check.py) but graphs and speed: each runs its steps and fills a
+``Part``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 # Triton vs torch_ref: max abs difference over max(1, max abs output); bf16 outputs of 2 to 4 have an ulp of 0.016
@@ -271,6 +273,54 @@ def _free_cuda_cache() -> None:
         torch.cuda.empty_cache()
 
 
+# ----- a mixture of experts -------------------------------------------------------------------------------
+
+
+def check_moe(ctx: Context, part: Part) -> None:
+    """The engine part's comparison with transformers over a mixture of experts: a seeded random Qwen3-MoE of the
+    engine model's width and tokenizer (its first 4 layers; 8 experts, 2 a token, of half its MLP width)."""
+    import dataclasses
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="radixrt-gpu-check-moe-") as scratch:
+        moe = _random_moe(ctx.model, Path(scratch))
+        moe_ctx = dataclasses.replace(ctx, model=str(moe))
+        for dtype_name in ("float32", "bfloat16"):
+            part.figures[dtype_name] = _engine_against_transformers(moe_ctx, part, dtype_name)
+
+
+def _random_moe(model: str, target: Path) -> Path:
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3MoeConfig
+
+    from radixrt.model.llama import head_dim_of
+    from radixrt.model.weights import resolve_model_path
+
+    source = resolve_model_path(model)
+    dense = AutoConfig.from_pretrained(source)
+    config = Qwen3MoeConfig(
+        vocab_size=dense.vocab_size, hidden_size=dense.hidden_size, num_hidden_layers=min(4, dense.num_hidden_layers),
+        num_attention_heads=dense.num_attention_heads, num_key_value_heads=dense.num_key_value_heads,
+        head_dim=head_dim_of(dense), num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=dense.intermediate_size // 2, intermediate_size=dense.intermediate_size,
+        norm_topk_prob=True, max_position_embeddings=dense.max_position_embeddings, rms_norm_eps=dense.rms_norm_eps,
+        tie_word_embeddings=dense.tie_word_embeddings, bos_token_id=dense.bos_token_id,
+        eos_token_id=dense.eos_token_id)
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for param in hf.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.05)
+    hf.save_pretrained(target)
+    for file in Path(source).iterdir():
+        if file.is_file() and file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(file, target / file.name)
+    return target
+
+
 # ----- server ----------------------------------------------------------------------------------------------
 
 
@@ -353,5 +403,6 @@ def check_bandwidth(ctx: Context, part: Part) -> None:
 
 
 PARTS: dict[str, Callable[[Context, Part], None]] = {
-    "kernels": check_kernels, "engine": check_engine, "server": check_server, "bandwidth": check_bandwidth,
+    "kernels": check_kernels, "engine": check_engine, "moe": check_moe, "server": check_server,
+    "bandwidth": check_bandwidth,
 }
