@@ -20,7 +20,7 @@ from test_model_exact import PROMPTS, run_ours
 from tiny_models import save_tiny_model
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
 def family(request, tmp_path_factory):
     """A tiny model and three adapters of it: every projection; a few projections in one layer with a rank per
     module; rsLoRA scaling on the MLP. With PEFT's logits of each prompt under each (None: the base model)."""

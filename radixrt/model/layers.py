@@ -29,6 +29,13 @@ def _fused_rows(x: torch.Tensor) -> bool:
     return x.dim() == 2 and x.stride(1) == 1 and _kernels_for(x)
 
 
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, tanh approximation) * up`` of a merged ``[T, 2I]`` gate/up projection (Gemma's MLP), rounded
+    where transformers rounds: the activation, then the product, each in the activations' dtype."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of a merged ``[T, 2I]`` gate/up projection."""
     if triton_for(gate_up) and gate_up.stride(-1) == 1:
@@ -72,9 +79,13 @@ class RotaryEmbedding(InferenceModule):
     the module is built on (the ambient default device, ``with torch.device(...)``).
     """
 
-    def __init__(self, config, head_dim: int, max_positions: int) -> None:
+    def __init__(self, config, head_dim: int, max_positions: int, layer_type: str | None = None) -> None:
+        """``layer_type``: the layer kind whose parameters to use where the config keeps one set per kind (Gemma 3's
+        ``rope_parameters`` for ``sliding_attention`` and ``full_attention``)."""
         super().__init__()
         params = dict(getattr(config, "rope_parameters", None) or {})
+        if layer_type is not None:
+            params = dict(params[layer_type])
         rope_type = params.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
@@ -86,7 +97,8 @@ class RotaryEmbedding(InferenceModule):
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, cpu)
+            kind = {} if layer_type is None else {"layer_type": layer_type}
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, cpu, **kind)
         freqs = torch.arange(max_positions, dtype=torch.float, device=cpu)[:, None] * inv_freq.to(cpu).float()[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         device = torch.get_default_device()

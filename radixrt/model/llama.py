@@ -17,7 +17,7 @@ from torch import nn
 
 from radixrt.model.attention import AttentionBackend
 from radixrt.model.forward_batch import ForwardBatch
-from radixrt.model.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from radixrt.model.layers import RMSNorm, RotaryEmbedding, gelu_tanh_and_mul, silu_and_mul
 from radixrt.model.module import InferenceModule
 from radixrt.model.moe import SparseMoeBlock, is_sparse_layer, moe_widths
 from radixrt.model.cpu_linear import PackedWeight, pack_weight, packed_linear
@@ -30,7 +30,7 @@ from radixrt.model.parallel import (
     PackableLinear,
 )
 
-SUPPORTED_ARCHITECTURES = (
+ARCHITECTURES = (  # those this module's LlamaForCausalLM serves (all of them: model/families.py)
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
@@ -39,6 +39,17 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
 )
+
+
+ACTIVATIONS = {"silu": silu_and_mul, "gelu_pytorch_tanh": gelu_tanh_and_mul}
+
+
+def activation_of(config) -> str:
+    """The MLP's gate activation (Gemma names it ``hidden_activation``); a ``ValueError`` for one not built."""
+    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None) or "silu"
+    if name not in ACTIVATIONS:
+        raise ValueError(f"the MLP activation {name!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+    return name
 
 
 def head_dim_of(config) -> int:
@@ -141,14 +152,15 @@ class MLP(InferenceModule):
         self.down_proj = RowParallelLinear(
             config.intermediate_size, config.hidden_size, bias=getattr(config, "mlp_bias", False), tp=tp
         )
+        self.act_and_mul = ACTIVATIONS[activation_of(config)]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         lora = batch.lora
         if lora is None:
-            return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+            return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
         gate_up = self.gate_up_proj(x)
         lora.add(self.layer, "gate_up", x, gate_up)
-        h = silu_and_mul(gate_up)
+        h = self.act_and_mul(gate_up)
         y = self.down_proj(h)
         lora.add(self.layer, "down", h, y)
         return y
@@ -220,6 +232,11 @@ class LlamaForCausalLM(InferenceModule):
             x, residual = layer(batch.positions, x, residual, batch, attn)
         rows = batch.logits_indices
         x, _ = self.norm.add_forward(x[rows], residual[rows])
+        return self.head_logits(x, batch)
+
+    def head_logits(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """The fp32 logits of ``x``, the final norm's output at the logits rows (with ``batch.return_hidden``, ``x``
+        goes to ``batch.hidden_states`` too)."""
         if batch.return_hidden:
             batch.hidden_states = x
         if self.packed_head is not None:

@@ -31,9 +31,8 @@ from radixrt.model.attention import AttentionBackend, create_attention_backend
 from radixrt.model.cuda_graph import CudaGraphFactory, GraphFactory, GraphRunner
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.lora import Adapters
+from radixrt.model.families import model_class
 from radixrt.model.llama import (
-    SUPPORTED_ARCHITECTURES,
-    LlamaForCausalLM,
     check_tensor_parallel,
     head_dim_of,
     kv_replicas,
@@ -84,9 +83,7 @@ def load_config(model_path: Path):
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path)
-    architectures = getattr(config, "architectures", None) or []
-    if not any(a in SUPPORTED_ARCHITECTURES for a in architectures):
-        raise ValueError(f"architecture {architectures} is not supported; supported: {SUPPORTED_ARCHITECTURES}")
+    model_class(config)  # a ValueError for an architecture radixrt does not serve
     return config
 
 
@@ -170,7 +167,7 @@ class ModelRunner:
         self.context_length = int(context_length or self.config.max_position_embeddings)
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(self.device):
-            self.model = LlamaForCausalLM(self.config, max_positions=self.context_length, tp=tp)
+            self.model = model_class(self.config)(self.config, max_positions=self.context_length, tp=tp)
         self.model.load_weights(iterate_safetensors(self.model_path))
         self.model.to(self.dtype)
         self.model.eval()

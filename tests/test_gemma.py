@@ -1,0 +1,69 @@
+"""Gemma 3's text decoder through the scheduler: several requests batched together get transformers' greedy tokens
+for each alone; a final logit soft-cap is applied as transformers applies it; the Gemma variants radixrt does not
+compute are refused by name. Logits of every mode against transformers: tests/test_model_exact.py; LoRA adapters
+on it: tests/test_lora.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.model.gemma import Gemma3ForCausalLM
+from radixrt.model.runner import ModelRunner
+from radixrt.sampling.params import SamplingParams
+from exact_runs import logprob_runs
+from tiny_models import save_tiny_model, tiny_config
+
+PROMPTS = [[5, 9, 3, 77, 12, 40, 8, 1, 99, 23, 64, 7], [17, 2, 3], [100, 42, 42, 42, 8, 9, 61, 30, 31]]
+NEW_TOKENS = 12
+
+
+def test_batched_greedy_tokens_equal_transformers_for_each_request_alone(tmp_path):
+    hf_model = save_tiny_model("gemma3", tmp_path)
+    greedy = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    outputs, _ = logprob_runs(tmp_path, "float32", [[(p, greedy) for p in PROMPTS]])
+    for prompt, output in zip(PROMPTS, outputs):
+        with torch.no_grad():
+            expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                         min_new_tokens=NEW_TOKENS)[0, len(prompt):].tolist()
+        assert [token for token, _, _ in output] == expected
+
+
+def _save(config, folder):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.3)  # large logits, so that the cap bends them
+    model.eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def test_a_final_logit_soft_cap_is_applied_as_transformers_applies_it(tmp_path):
+    config = tiny_config("gemma3")
+    config.final_logit_softcapping = 2.0
+    hf_model = _save(config, tmp_path)
+    runner = ModelRunner(tmp_path, dtype="float32", page_size=4, num_pages=16)
+    assert isinstance(runner.model, Gemma3ForCausalLM)
+    pages = runner.pool.alloc(3)
+    ours = runner.forward(ForwardBatch.build([SeqChunk(PROMPTS[0], 0, pages, logits_from=0)], 4))
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([PROMPTS[0]])).logits[0]
+    assert expected.abs().max().item() > 1.5  # near the cap: without it the logits would differ widely
+    assert (ours - expected).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("attn_logit_softcapping", 50.0, "soft-capped attention scores"),
+    ("use_bidirectional_attention", True, "bidirectional attention"),
+])
+def test_gemma_variants_radixrt_does_not_compute_are_refused(tmp_path, field, value, message):
+    config = tiny_config("gemma3")
+    setattr(config, field, value)
+    _save(config, tmp_path)
+    with pytest.raises(ValueError, match=message):
+        ModelRunner(tmp_path, num_pages=4)
