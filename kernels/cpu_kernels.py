@@ -296,14 +296,21 @@ class CascadeChunks:
     shared_pages: torch.Tensor
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm of ``x`` ``[T, H]``; with ``residual``, first ``residual += x`` in place and normalize that."""
-    return _call("radixrt::rms_norm", _module().rms_norm, x, residual, weight, float(eps))
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             unit_offset: bool = False) -> torch.Tensor:
+    """RMSNorm of ``x`` ``[T, H]``; with ``residual``, first ``residual += x`` in place and normalize that. With
+    ``unit_offset`` (Gemma's norm) the output is ``norm * (1 + weight)`` in fp32, rounded once."""
+    return _call("radixrt::rms_norm", _module().rms_norm, x, residual, weight, float(eps), unit_offset)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up`` ``[T, 2I]`` holding gate then up."""
     return _call("radixrt::silu_and_mul", _module().silu_and_mul, gate_up)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, tanh approximation) * up`` for ``gate_up`` ``[T, 2I]`` holding gate then up (Gemma's MLP)."""
+    return _call("radixrt::gelu_tanh_and_mul", _module().gelu_tanh_and_mul, gate_up)
 
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,

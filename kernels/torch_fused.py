@@ -20,6 +20,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return weight * h.to(dtype)
 
 
+def rms_norm_unit_offset(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: ``norm(x) * (1 + weight)`` in fp32, rounded once to ``x``'s dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + weight.float())).to(x.dtype)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, tanh approximation) * up`` of a merged ``[T, 2I]`` gate/up projection (Gemma's MLP)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of a merged ``[T, 2I]`` gate/up projection."""
     gate, up = gate_up.chunk(2, dim=-1)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from radixrt.kernels import cpu_kernels, torch_fused
 from radixrt.model import layers
-from radixrt.model.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from radixrt.model.layers import RMSNorm, RotaryEmbedding, gelu_tanh_and_mul, silu_and_mul
 
 # Skipped only where the kernels are off by design; a failed build with a compiler present errors.
 pytestmark = pytest.mark.usefixtures("cpu_kernel_module")
@@ -62,6 +62,28 @@ def test_add_rms_norm_updates_the_residual_in_place(dtype, hidden, torch_path):
     torch.testing.assert_close(out, expected_out, atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hidden", [96, 37, 256])  # 256: Gemma 3's head_dim (its q/k norms)
+def test_gemmas_unit_offset_norm_matches_its_torch_twin(dtype, hidden):
+    """Gemma's RMSNorm: ``norm(x) * (1 + weight)`` in fp32, rounded once; q/k heads ``[T, heads, D]`` whose rows are
+    strided views of a wider projection are normalised too."""
+    from radixrt.model.gemma import GemmaRMSNorm
+
+    norm = GemmaRMSNorm(hidden, 1e-6)
+    norm.weight.data = torch.randn(hidden, generator=torch.Generator().manual_seed(1)) * 0.5
+    norm = norm.to(dtype)
+    wide = (torch.randn(9, 3 * hidden + 5) * 3).to(dtype)
+    heads = wide[:, 5:].view(9, 3, hidden)  # a view whose rows are not evenly strided
+    atol, rtol = TOLERANCE[dtype]
+    for x in (wide[:, 5 : 5 + hidden], heads):
+        expected = torch_fused.rms_norm_unit_offset(x, norm.weight, 1e-6)
+        got = norm(x)
+        assert got.shape == x.shape
+        torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
+    plain = cpu_kernels.rms_norm(wide[:, :hidden], norm.weight, 1e-6)  # without the offset: Llama's rounding
+    assert not torch.allclose(plain.float(), norm(wide[:, :hidden]).float(), atol=1e-2)
+
+
 def test_rms_norm_of_strided_rows(torch_path):
     """Rows that are slices of a wider tensor (a split projection) are read in place."""
     norm = norm_of(torch.float32, hidden=32)
@@ -80,6 +102,16 @@ def test_silu_and_mul_matches_torch(dtype, inter):
     torch.testing.assert_close(silu_and_mul(gate_up), F.silu(gate) * up, atol=max(atol, 1e-6), rtol=rtol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("inter", [37, 1536])
+def test_gelu_tanh_and_mul_matches_torch(dtype, inter):
+    gate_up = (torch.randn(11, 2 * inter) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    atol, rtol = TOLERANCE[dtype]
+    expected = F.gelu(gate, approximate="tanh") * up
+    torch.testing.assert_close(gelu_tanh_and_mul(gate_up), expected, atol=max(atol, 1e-6), rtol=rtol)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_ops_round_where_the_reference_rounds(dtype):
     """Against the torch twins bit for bit but for exp's last bit: an op that skipped a rounding step (kept
@@ -94,6 +126,7 @@ def test_half_precision_ops_round_where_the_reference_rounds(dtype):
     assert (got != expected).float().mean() < 0.01
     gate_up = (torch.randn(64, 2 * 1536, generator=gen) * 4).to(dtype)
     assert (cpu_kernels.silu_and_mul(gate_up) != torch_fused.silu_and_mul(gate_up)).float().mean() < 0.01
+    assert (cpu_kernels.gelu_tanh_and_mul(gate_up) != torch_fused.gelu_tanh_and_mul(gate_up)).float().mean() < 0.01
 
 
 class _Config:

@@ -30,7 +30,7 @@ inline int64_t grain_for(int64_t hidden) { return std::max<int64_t>(1, 16384 / s
 
 // One row: residual = round(x + residual) if there is one, then out = round(weight * round(h * inv)) of that
 // row h, as transformers' LlamaRMSNorm in T (for fp32 every round is a no-op).
-template <typename T>
+template <typename T, bool kUnitOffset>
 void rms_norm_row(const T* x, T* res, const T* weight, T* o, int64_t hidden, float eps) {
   const int64_t whole = hidden - hidden % kLanes;
   Vec sums(0.f);
@@ -56,19 +56,27 @@ void rms_norm_row(const T* x, T* res, const T* weight, T* o, int64_t hidden, flo
   const float inv = 1.f / std::sqrt(sum / static_cast<float>(hidden) + eps);
   const T* h = res == nullptr ? x : res;
   const Vec vinv(inv);
-  for (i = 0; i < whole; i += kLanes) store_floats(o + i, load_floats(weight + i) * round_to<T>(load_floats(h + i) * vinv));
-  for (; i < hidden; ++i) {
-    o[i] = static_cast<T>(static_cast<float>(weight[i]) * round_to<T>(static_cast<float>(h[i]) * inv));
+  if constexpr (kUnitOffset) {  // Gemma: (x * inv) * (1 + weight) in fp32, rounded once
+    const Vec one(1.f);
+    for (i = 0; i < whole; i += kLanes) store_floats(o + i, (load_floats(h + i) * vinv) * (one + load_floats(weight + i)));
+    for (; i < hidden; ++i) {
+      o[i] = static_cast<T>((static_cast<float>(h[i]) * inv) * (1.f + static_cast<float>(weight[i])));
+    }
+  } else {
+    for (i = 0; i < whole; i += kLanes) store_floats(o + i, load_floats(weight + i) * round_to<T>(load_floats(h + i) * vinv));
+    for (; i < hidden; ++i) {
+      o[i] = static_cast<T>(static_cast<float>(weight[i]) * round_to<T>(static_cast<float>(h[i]) * inv));
+    }
   }
 }
 
-template <typename T>
+template <typename T, bool kUnitOffset>
 void rms_norm_kernel(const T* x, T* residual, const T* weight, T* out, int64_t rows, int64_t hidden,
                      int64_t x_stride, int64_t out_stride, float eps) {
   at::parallel_for(0, rows, grain_for(hidden), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      rms_norm_row(x + r * x_stride, residual == nullptr ? nullptr : residual + r * hidden, weight,
-                   out + r * out_stride, hidden, eps);
+      rms_norm_row<T, kUnitOffset>(x + r * x_stride, residual == nullptr ? nullptr : residual + r * hidden, weight,
+                                   out + r * out_stride, hidden, eps);
     }
   });
 }
@@ -91,6 +99,33 @@ void silu_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inter) 
       for (; i < inter; ++i) {
         const float x = static_cast<float>(g[i]);
         o[i] = static_cast<T>(round_to<T>(x / (1.f + std::exp(-x))) * static_cast<float>(u[i]));
+      }
+    }
+  });
+}
+
+// gelu with torch's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), rounded to T; then times
+// up, rounded again (Gemma's gate, as transformers rounds it)
+template <typename T>
+void gelu_tanh_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inter) {
+  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;  // sqrt(2 / pi), as torch's kernel
+  const Vec half(0.5f), one(1.f), beta(kBeta), kappa(kKappa);
+  const int64_t whole = inter - inter % kLanes;
+  at::parallel_for(0, rows, grain_for(2 * inter), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gate_up + r * 2 * inter;
+      const T* u = g + inter;
+      T* o = out + r * inter;
+      int64_t i = 0;
+      for (; i < whole; i += kLanes) {
+        const Vec x = load_floats(g + i);
+        const Vec inner = beta * (x + kappa * x * x * x);
+        store_floats(o + i, round_to<T>(half * x * (one + inner.tanh())) * load_floats(u + i));
+      }
+      for (; i < inter; ++i) {
+        const float x = static_cast<float>(g[i]);
+        const float inner = kBeta * (x + kKappa * x * x * x);
+        o[i] = static_cast<T>(round_to<T>(0.5f * x * (1.f + std::tanh(inner))) * static_cast<float>(u[i]));
       }
     }
   });
@@ -138,8 +173,10 @@ void check_rows(const at::Tensor& t, const char* name) {
 }  // namespace
 
 // out = rmsnorm(x) * weight; with a residual: residual = x + residual (in place), out = rmsnorm(residual) * weight.
-// x [T, H] (rows may be strided), residual [T, H] contiguous or undefined; returns out [T, H].
-at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps) {
+// x [T, H] (rows may be strided), residual [T, H] contiguous or undefined; returns out [T, H]. unit_offset (Gemma):
+// out = rmsnorm(x) * (1 + weight), the product in fp32 and rounded once (else the normalised x is rounded first).
+at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps,
+                    bool unit_offset) {
   check_rows(x, "x");
   const int64_t rows = x.size(0), hidden = x.size(1);
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden && weight.scalar_type() == x.scalar_type(),
@@ -153,9 +190,29 @@ at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor
   }
   auto out = at::empty({rows, hidden}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
-    rms_norm_kernel<scalar_t>(x.data_ptr<scalar_t>(), res.defined() ? res.data_ptr<scalar_t>() : nullptr,
-                              weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, hidden, x.stride(0),
-                              hidden, static_cast<float>(eps));
+    auto* r = res.defined() ? res.data_ptr<scalar_t>() : nullptr;
+    if (unit_offset) {
+      rms_norm_kernel<scalar_t, true>(x.data_ptr<scalar_t>(), r, weight.data_ptr<scalar_t>(),
+                                      out.data_ptr<scalar_t>(), rows, hidden, x.stride(0), hidden,
+                                      static_cast<float>(eps));
+    } else {
+      rms_norm_kernel<scalar_t, false>(x.data_ptr<scalar_t>(), r, weight.data_ptr<scalar_t>(),
+                                       out.data_ptr<scalar_t>(), rows, hidden, x.stride(0), hidden,
+                                       static_cast<float>(eps));
+    }
+  });
+  return out;
+}
+
+// gate_up [T, 2I] (gate then up) -> gelu_tanh(gate) * up [T, I]
+at::Tensor gelu_tanh_and_mul(at::Tensor gate_up) {
+  check_rows(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up must hold two halves");
+  gate_up = gate_up.contiguous();
+  const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2;
+  auto out = at::empty({rows, inter}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "gelu_tanh_and_mul", [&] {
+    gelu_tanh_and_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter);
   });
   return out;
 }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from radixrt.kernels import cpu_kernels, torch_fused
 from radixrt.model.attention import AttentionBackend
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.layers import RotaryEmbedding
@@ -32,9 +33,11 @@ class GemmaRMSNorm(InferenceModule):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).to(x.dtype)
+        """Over the last dimension of ``x`` (a layer's ``[T, H]`` or the q/k heads ``[T, heads, D]``)."""
+        if x.dtype == self.weight.dtype and x.device.type == "cpu" and cpu_kernels.load() is not None:
+            rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, x.shape[-1])
+            return cpu_kernels.rms_norm(rows, self.weight, self.eps, unit_offset=True).view(x.shape)
+        return torch_fused.rms_norm_unit_offset(x, self.weight, self.eps)
 
 
 class GemmaAttention(Attention):

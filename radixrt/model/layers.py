@@ -32,8 +32,9 @@ def _fused_rows(x: torch.Tensor) -> bool:
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``gelu(gate, tanh approximation) * up`` of a merged ``[T, 2I]`` gate/up projection (Gemma's MLP), rounded
     where transformers rounds: the activation, then the product, each in the activations' dtype."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+    if _fused_rows(gate_up):
+        return cpu_kernels.gelu_tanh_and_mul(gate_up)
+    return torch_fused.gelu_tanh_and_mul(gate_up)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
