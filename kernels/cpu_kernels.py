@@ -1,7 +1,8 @@
 """C++ CPU kernels (kernels/csrc), compiled on first use with torch's JIT extension builder and cached.
 
-``rms_norm`` (with the residual add fused in), ``silu_and_mul``, ``rotary_embedding`` and ``rope_and_store``
-(rotary with the K/V store) each replace a chain of small torch ops of a decoder layer, a vector at a time in
+``rms_norm`` (with the residual add fused in; Gemma's ``1 + weight`` form too), ``silu_and_mul``,
+``gelu_tanh_and_mul`` (Gemma's gate), ``rotary_embedding`` and ``rope_and_store`` (rotary with the K/V store) each
+replace a chain of small torch ops of a decoder layer, a vector at a time in
 fp32 and rounding to bf16/fp16 where the transformers reference rounds. ``linear_panels`` is the fp32 linear
 layer of CPUs with AVX2 and no AVX-512 (see radixrt.model.cpu_linear). ``paged_decode`` reads each request's
 K/V pages where they lie in the pool: the torch path must first copy every request's whole history

@@ -67,3 +67,27 @@ def test_gemma_variants_radixrt_does_not_compute_are_refused(tmp_path, field, va
     _save(config, tmp_path)
     with pytest.raises(ValueError, match=message):
         ModelRunner(tmp_path, num_pages=4)
+
+
+def test_a_multimodal_gemma_3_checkpoint_serves_its_text_model(tmp_path):
+    """Gemma 3's 4B-27B checkpoints hold a vision tower beside the language model: radixrt reads the text config and
+    the language model's tensors (the tower and projector stay unread) and gives transformers' text-only logits."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    config = Gemma3Config(text_config=tiny_config("gemma3").to_dict(), vision_config=vision.to_dict(),
+                          mm_tokens_per_image=4, image_token_index=127, boi_token_index=125, eoi_token_index=126)
+    torch.manual_seed(0)
+    hf_model = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for param in hf_model.parameters():
+            param.normal_(0.0, 0.08)
+    hf_model.save_pretrained(tmp_path)
+    runner = ModelRunner(tmp_path, dtype="float32", page_size=4, num_pages=16)
+    assert isinstance(runner.model, Gemma3ForCausalLM) and runner.config.model_type == "gemma3_text"
+    pages = runner.pool.alloc(3)
+    ours = runner.forward(ForwardBatch.build([SeqChunk(PROMPTS[0], 0, pages, logits_from=0)], 4))
+    with torch.no_grad():
+        expected = hf_model(input_ids=torch.tensor([PROMPTS[0]])).logits[0]
+    assert (ours - expected).abs().max().item() <= 1e-4

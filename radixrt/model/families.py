@@ -1,6 +1,12 @@
-"""Which model class serves which architecture (a config's ``architectures``)."""
+"""Which model class serves which architecture (a config's ``architectures``), and the multimodal checkpoints served
+as their text model alone (Gemma 3's 4B-27B): their text config, their language model's tensors under the text
+model's names, the vision tower and projector left unread."""
 
 from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
 
 from radixrt.model.gemma import Gemma3ForCausalLM
 from radixrt.model.llama import ARCHITECTURES as LLAMA_ARCHITECTURES
@@ -10,7 +16,37 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     **{name: LlamaForCausalLM for name in LLAMA_ARCHITECTURES},
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
-SUPPORTED_ARCHITECTURES = tuple(MODEL_CLASSES)
+# a multimodal architecture -> the text model it holds, served alone (prompts of text only)
+TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+SUPPORTED_ARCHITECTURES = tuple(MODEL_CLASSES) + tuple(TEXT_MODELS)
+# where a multimodal checkpoint keeps its language model, as transformers has saved it over the years
+_LANGUAGE_MODEL = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                   ("language_model.lm_head.", "lm_head."))
+_OTHER_TOWERS = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def served_config(config):
+    """The config of the model radixrt runs: a multimodal checkpoint's text config (its architecture the text
+    model's), else ``config`` itself."""
+    for name in getattr(config, "architectures", None) or []:
+        if name in TEXT_MODELS:
+            text = config.text_config
+            text.architectures = [TEXT_MODELS[name]]
+            return text
+    return config
+
+
+def text_model_tensors(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """A checkpoint's tensors under the text model's names: a multimodal checkpoint's language model renamed, its
+    vision tower and projector dropped. A text checkpoint's tensors pass unchanged."""
+    for name, tensor in weights:
+        if name.startswith(_OTHER_TOWERS):
+            continue
+        for prefix, replacement in _LANGUAGE_MODEL:
+            if name.startswith(prefix):
+                name = replacement + name[len(prefix):]
+                break
+        yield name, tensor
 
 
 def model_class(config) -> type[LlamaForCausalLM]:

@@ -31,7 +31,7 @@ from radixrt.model.attention import AttentionBackend, create_attention_backend
 from radixrt.model.cuda_graph import CudaGraphFactory, GraphFactory, GraphRunner
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.lora import Adapters
-from radixrt.model.families import model_class
+from radixrt.model.families import model_class, served_config, text_model_tensors
 from radixrt.model.llama import (
     check_tensor_parallel,
     head_dim_of,
@@ -82,7 +82,7 @@ def _cpu_has_fast_bf16() -> bool:
 def load_config(model_path: Path):
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model_path)
+    config = served_config(AutoConfig.from_pretrained(model_path))
     model_class(config)  # a ValueError for an architecture radixrt does not serve
     return config
 
@@ -168,7 +168,7 @@ class ModelRunner:
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(self.device):
             self.model = model_class(self.config)(self.config, max_positions=self.context_length, tp=tp)
-        self.model.load_weights(iterate_safetensors(self.model_path))
+        self.model.load_weights(text_model_tensors(iterate_safetensors(self.model_path)))
         self.model.to(self.dtype)
         self.model.eval()
         self.packed_linears = self.model.pack_linear_weights(deterministic) if self.device.type == "cpu" else 0
