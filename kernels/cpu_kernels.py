@@ -1,6 +1,6 @@
 """C++ CPU kernels (kernels/csrc), compiled on first use with torch's JIT extension builder and cached.
 
-``rms_norm`` (with the residual add fused in; Gemma's ``1 + weight`` form too), ``silu_and_mul``,
+``rms_norm`` (with the residual add fused in; Gemma's and OLMo 2's forms too), ``silu_and_mul``,
 ``gelu_tanh_and_mul`` (Gemma's gate), ``rotary_embedding`` and ``rope_and_store`` (rotary with the K/V store) each
 replace a chain of small torch ops of a decoder layer, a vector at a time in
 fp32 and rounding to bf16/fp16 where the transformers reference rounds. ``linear_panels`` is the fp32 linear
@@ -298,10 +298,12 @@ class CascadeChunks:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-             unit_offset: bool = False) -> torch.Tensor:
+             round_once: bool = False, weight_offset: float = 0.0) -> torch.Tensor:
     """RMSNorm of ``x`` ``[T, H]``; with ``residual``, first ``residual += x`` in place and normalize that. With
-    ``unit_offset`` (Gemma's norm) the output is ``norm * (1 + weight)`` in fp32, rounded once."""
-    return _call("radixrt::rms_norm", _module().rms_norm, x, residual, weight, float(eps), unit_offset)
+    ``round_once`` (Gemma's norm, ``weight_offset`` 1; OLMo 2's, 0) the output is ``norm * (weight_offset +
+    weight)`` in fp32, rounded once; else the normalised x is rounded before the product, as Llama's norm does."""
+    return _call("radixrt::rms_norm", _module().rms_norm, x, residual, weight, float(eps), round_once,
+                 float(weight_offset))
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

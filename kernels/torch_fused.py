@@ -20,11 +20,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return weight * h.to(dtype)
 
 
-def rms_norm_unit_offset(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Gemma's RMSNorm: ``norm(x) * (1 + weight)`` in fp32, rounded once to ``x``'s dtype."""
+def rms_norm_round_once(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
+    """RMSNorm as Gemma (``weight_offset`` 1) and OLMo 2 (0) compute it: ``norm(x) * (weight_offset + weight)`` in
+    fp32, rounded once to ``x``'s dtype."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return (h * (1.0 + weight.float())).to(x.dtype)
+    scale = weight.float() + weight_offset if weight_offset else weight.float()
+    return (h * scale).to(x.dtype)
 
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

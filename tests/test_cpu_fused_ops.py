@@ -64,24 +64,29 @@ def test_add_rms_norm_updates_the_residual_in_place(dtype, hidden, torch_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hidden", [96, 37, 256])  # 256: Gemma 3's head_dim (its q/k norms)
-def test_gemmas_unit_offset_norm_matches_its_torch_twin(dtype, hidden):
-    """Gemma's RMSNorm: ``norm(x) * (1 + weight)`` in fp32, rounded once; q/k heads ``[T, heads, D]`` whose rows are
-    strided views of a wider projection are normalised too."""
-    from radixrt.model.gemma import GemmaRMSNorm
+@pytest.mark.parametrize("weight_offset", [1.0, 0.0])  # Gemma's, OLMo 2's
+def test_round_once_norms_match_their_torch_twin(dtype, hidden, weight_offset):
+    """Gemma's and OLMo 2's RMSNorm: ``norm(x) * (weight_offset + weight)`` in fp32, rounded once; a projection's
+    strided columns and q/k heads ``[T, heads, D]`` (rows not evenly strided) are normalised too."""
+    from radixrt.model.layers import RoundOnceRMSNorm
 
-    norm = GemmaRMSNorm(hidden, 1e-6)
-    norm.weight.data = torch.randn(hidden, generator=torch.Generator().manual_seed(1)) * 0.5
+    norm = RoundOnceRMSNorm(hidden, 1e-6, weight_offset)
+    norm.weight.data = torch.randn(hidden, generator=torch.Generator().manual_seed(1)) * 0.5 + (1 - weight_offset)
     norm = norm.to(dtype)
     wide = (torch.randn(9, 3 * hidden + 5) * 3).to(dtype)
-    heads = wide[:, 5:].view(9, 3, hidden)  # a view whose rows are not evenly strided
+    heads = wide[:, 5:].view(9, 3, hidden)
     atol, rtol = TOLERANCE[dtype]
     for x in (wide[:, 5 : 5 + hidden], heads):
-        expected = torch_fused.rms_norm_unit_offset(x, norm.weight, 1e-6)
+        expected = torch_fused.rms_norm_round_once(x, norm.weight, 1e-6, weight_offset)
         got = norm(x)
         assert got.shape == x.shape
         torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
-    plain = cpu_kernels.rms_norm(wide[:, :hidden], norm.weight, 1e-6)  # without the offset: Llama's rounding
-    assert not torch.allclose(plain.float(), norm(wide[:, :hidden]).float(), atol=1e-2)
+    if weight_offset:  # without the offset the weights would scale by w, not 1 + w
+        plain = cpu_kernels.rms_norm(wide[:, :hidden], norm.weight, 1e-6)
+        assert not torch.allclose(plain.float(), norm(wide[:, :hidden]).float(), atol=1e-2)
+    if dtype != torch.float32:  # Llama's two roundings differ from one in some elements
+        llama = cpu_kernels.rms_norm(wide[:, :hidden], norm.weight + weight_offset, 1e-6)
+        assert not torch.equal(llama, norm(wide[:, :hidden]))
 
 
 def test_rms_norm_of_strided_rows(torch_path):

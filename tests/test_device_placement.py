@@ -141,7 +141,7 @@ def test_auto_dtype_is_bf16_on_cuda(monkeypatch):
     assert parse_dtype("float32", "cuda") == torch.float32
 
 
-@pytest.fixture(scope="module", params=["llama", "llama3-scaled", "mistral", "qwen3", "qwen2-moe", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "llama3-scaled", "mistral", "qwen3", "qwen2-moe", "gemma3", "olmo2"])
 def tiny_model(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     save_tiny_model(request.param, folder)

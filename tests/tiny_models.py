@@ -7,12 +7,12 @@ from pathlib import Path
 import torch
 
 FAMILIES = ("llama", "llama3-scaled", "mistral", "qwen2", "qwen3", "untied-gqa1", "mixtral", "qwen2-moe", "qwen3-moe",
-            "gemma3")
+            "gemma3", "olmo2")
 MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe")
 
 
 def tiny_config(family: str):
-    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config,
+    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Qwen2Config,
                               Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 
     common = dict(
@@ -54,6 +54,8 @@ def tiny_config(family: str):
                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}
         return Gemma3TextConfig(**common, head_dim=256, sliding_window=5, query_pre_attn_scalar=24,
                                 layer_types=["sliding_attention", "full_attention"], rope_parameters=rope)
+    if family == "olmo2":
+        return Olmo2Config(**common, tie_word_embeddings=False)
     raise ValueError(family)
 
 

@@ -14,7 +14,7 @@ at::Tensor paged_extend(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at
                         at::Tensor prefix_lens, at::Tensor extend_lens, double scale, int64_t window);
 bool paged_extend_vectorized();
 at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps,
-                    bool unit_offset);
+                    bool round_once, double weight_offset);
 at::Tensor silu_and_mul(at::Tensor gate_up);
 at::Tensor gelu_tanh_and_mul(at::Tensor gate_up);
 void rotary_embedding(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tensor cos_cache, at::Tensor sin_cache);
@@ -38,7 +38,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_tiles_usable", &decode_tiles_usable, "whether paged_decode's bf16 products run on AMX tiles here");
   m.def("paged_extend", &paged_extend, "prefill attention over bf16 K/V pages read in place, causal (CPU)");
   m.def("paged_extend_vectorized", &paged_extend_vectorized, "whether paged_extend runs on AVX-512 vectors here");
-  m.def("rms_norm", &rms_norm, "RMSNorm, optionally adding x into the residual first (in place); unit_offset: Gemma's");
+  m.def("rms_norm", &rms_norm, "RMSNorm, optionally adding x into the residual first (in place); round_once: Gemma's and OLMo 2's");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a merged gate/up projection");
   m.def("gelu_tanh_and_mul", &gelu_tanh_and_mul, "gelu(gate, tanh approximation) * up of a merged gate/up projection");
   m.def("pack_linear_panels", &pack_linear_panels, "an fp32 weight [out, in] as panels of 16 outputs [P, in, 16]");

@@ -30,8 +30,8 @@ inline int64_t grain_for(int64_t hidden) { return std::max<int64_t>(1, 16384 / s
 
 // One row: residual = round(x + residual) if there is one, then out = round(weight * round(h * inv)) of that
 // row h, as transformers' LlamaRMSNorm in T (for fp32 every round is a no-op).
-template <typename T, bool kUnitOffset>
-void rms_norm_row(const T* x, T* res, const T* weight, T* o, int64_t hidden, float eps) {
+template <typename T, bool kRoundOnce>
+void rms_norm_row(const T* x, T* res, const T* weight, T* o, int64_t hidden, float eps, float offset) {
   const int64_t whole = hidden - hidden % kLanes;
   Vec sums(0.f);
   float sum = 0.f;
@@ -56,11 +56,13 @@ void rms_norm_row(const T* x, T* res, const T* weight, T* o, int64_t hidden, flo
   const float inv = 1.f / std::sqrt(sum / static_cast<float>(hidden) + eps);
   const T* h = res == nullptr ? x : res;
   const Vec vinv(inv);
-  if constexpr (kUnitOffset) {  // Gemma: (x * inv) * (1 + weight) in fp32, rounded once
-    const Vec one(1.f);
-    for (i = 0; i < whole; i += kLanes) store_floats(o + i, (load_floats(h + i) * vinv) * (one + load_floats(weight + i)));
+  if constexpr (kRoundOnce) {  // Gemma, OLMo 2: (x * inv) * (offset + weight) in fp32, rounded once
+    const Vec voffset(offset);
+    for (i = 0; i < whole; i += kLanes) {
+      store_floats(o + i, (load_floats(h + i) * vinv) * (voffset + load_floats(weight + i)));
+    }
     for (; i < hidden; ++i) {
-      o[i] = static_cast<T>((static_cast<float>(h[i]) * inv) * (1.f + static_cast<float>(weight[i])));
+      o[i] = static_cast<T>((static_cast<float>(h[i]) * inv) * (offset + static_cast<float>(weight[i])));
     }
   } else {
     for (i = 0; i < whole; i += kLanes) store_floats(o + i, load_floats(weight + i) * round_to<T>(load_floats(h + i) * vinv));
@@ -70,13 +72,13 @@ void rms_norm_row(const T* x, T* res, const T* weight, T* o, int64_t hidden, flo
   }
 }
 
-template <typename T, bool kUnitOffset>
+template <typename T, bool kRoundOnce>
 void rms_norm_kernel(const T* x, T* residual, const T* weight, T* out, int64_t rows, int64_t hidden,
-                     int64_t x_stride, int64_t out_stride, float eps) {
+                     int64_t x_stride, int64_t out_stride, float eps, float offset) {
   at::parallel_for(0, rows, grain_for(hidden), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      rms_norm_row<T, kUnitOffset>(x + r * x_stride, residual == nullptr ? nullptr : residual + r * hidden, weight,
-                                   out + r * out_stride, hidden, eps);
+      rms_norm_row<T, kRoundOnce>(x + r * x_stride, residual == nullptr ? nullptr : residual + r * hidden, weight,
+                                  out + r * out_stride, hidden, eps, offset);
     }
   });
 }
@@ -173,10 +175,12 @@ void check_rows(const at::Tensor& t, const char* name) {
 }  // namespace
 
 // out = rmsnorm(x) * weight; with a residual: residual = x + residual (in place), out = rmsnorm(residual) * weight.
-// x [T, H] (rows may be strided), residual [T, H] contiguous or undefined; returns out [T, H]. unit_offset (Gemma):
-// out = rmsnorm(x) * (1 + weight), the product in fp32 and rounded once (else the normalised x is rounded first).
+// x [T, H] (rows may be strided), residual [T, H] contiguous or undefined; returns out [T, H]. round_once (Gemma,
+// OLMo 2): out = rmsnorm(x) * (weight_offset + weight), the product in fp32 and rounded once; else the normalised x
+// is rounded first, as Llama's norm does (weight_offset must then be 0).
 at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor weight, double eps,
-                    bool unit_offset) {
+                    bool round_once, double weight_offset) {
+  TORCH_CHECK(round_once || weight_offset == 0.0, "a weight offset needs round_once");
   check_rows(x, "x");
   const int64_t rows = x.size(0), hidden = x.size(1);
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden && weight.scalar_type() == x.scalar_type(),
@@ -191,14 +195,14 @@ at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor
   auto out = at::empty({rows, hidden}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     auto* r = res.defined() ? res.data_ptr<scalar_t>() : nullptr;
-    if (unit_offset) {
+    if (round_once) {
       rms_norm_kernel<scalar_t, true>(x.data_ptr<scalar_t>(), r, weight.data_ptr<scalar_t>(),
                                       out.data_ptr<scalar_t>(), rows, hidden, x.stride(0), hidden,
-                                      static_cast<float>(eps));
+                                      static_cast<float>(eps), static_cast<float>(weight_offset));
     } else {
       rms_norm_kernel<scalar_t, false>(x.data_ptr<scalar_t>(), r, weight.data_ptr<scalar_t>(),
                                        out.data_ptr<scalar_t>(), rows, hidden, x.stride(0), hidden,
-                                       static_cast<float>(eps));
+                                       static_cast<float>(eps), 0.f);
     }
   });
   return out;

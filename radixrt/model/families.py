@@ -11,10 +11,12 @@ import torch
 from radixrt.model.gemma import Gemma3ForCausalLM
 from radixrt.model.llama import ARCHITECTURES as LLAMA_ARCHITECTURES
 from radixrt.model.llama import LlamaForCausalLM
+from radixrt.model.olmo import Olmo2ForCausalLM
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     **{name: LlamaForCausalLM for name in LLAMA_ARCHITECTURES},
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
 }
 # a multimodal architecture -> the text model it holds, served alone (prompts of text only)
 TEXT_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}

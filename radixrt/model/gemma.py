@@ -17,33 +17,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixrt.kernels import cpu_kernels, torch_fused
 from radixrt.model.attention import AttentionBackend
 from radixrt.model.forward_batch import ForwardBatch
-from radixrt.model.layers import RotaryEmbedding
+from radixrt.model.layers import RotaryEmbedding, RoundOnceRMSNorm
 from radixrt.model.llama import MLP, Attention, LlamaForCausalLM, head_dim_of
 from radixrt.model.module import InferenceModule
 from radixrt.model.parallel import SINGLE, TPGroup, VocabParallelEmbedding
 
 
-class GemmaRMSNorm(InferenceModule):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(size), requires_grad=False)
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Over the last dimension of ``x`` (a layer's ``[T, H]`` or the q/k heads ``[T, heads, D]``)."""
-        if x.dtype == self.weight.dtype and x.device.type == "cpu" and cpu_kernels.load() is not None:
-            rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, x.shape[-1])
-            return cpu_kernels.rms_norm(rows, self.weight, self.eps, unit_offset=True).view(x.shape)
-        return torch_fused.rms_norm_unit_offset(x, self.weight, self.eps)
+def GemmaRMSNorm(size: int, eps: float) -> RoundOnceRMSNorm:
+    return RoundOnceRMSNorm(size, eps, weight_offset=1.0)
 
 
 class GemmaAttention(Attention):
     def __init__(self, config, layer: int, rotary: RotaryEmbedding, tp: TPGroup) -> None:
         super().__init__(config, layer, rotary, tp)
-        self.qk_norm = True
+        self.qk_norm = "head"
         self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.sm_scale = config.query_pre_attn_scalar**-0.5

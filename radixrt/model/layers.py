@@ -70,6 +70,26 @@ class RMSNorm(InferenceModule):
         return self.forward(residual), residual
 
 
+class RoundOnceRMSNorm(InferenceModule):
+    """RMSNorm as Gemma (``weight_offset`` 1, weights stored as offsets from one) and OLMo 2 (``weight_offset`` 0)
+    compute it: ``norm(x) * (weight_offset + weight)`` in fp32, rounded once (Llama's rounds the normalised x
+    first). Over the last dimension of ``x``: a layer's ``[T, H]``, a projection's strided columns, or heads
+    ``[T, heads, D]``."""
+
+    def __init__(self, size: int, eps: float, weight_offset: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size) if weight_offset else torch.ones(size), requires_grad=False)
+        self.eps = eps
+        self.weight_offset = weight_offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype and _kernels_for(x):
+            rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, x.shape[-1])
+            return cpu_kernels.rms_norm(rows, self.weight, self.eps, round_once=True,
+                                        weight_offset=self.weight_offset).view(x.shape)
+        return torch_fused.rms_norm_round_once(x, self.weight, self.eps, self.weight_offset)
+
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 

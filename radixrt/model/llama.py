@@ -110,7 +110,8 @@ class Attention(InferenceModule):
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * d, config.hidden_size, bias=getattr(config, "attention_bias", False), tp=tp
         )
-        self.qk_norm = config.model_type in ("qwen3", "qwen3_moe")
+        # q/k norms: over each head (Qwen3; Gemma's subclass), over the whole projection (OLMo 2's subclass), or none
+        self.qk_norm: str | None = "head" if config.model_type in ("qwen3", "qwen3_moe") else None
         if self.qk_norm:
             self.q_norm = RMSNorm(d, config.rms_norm_eps)
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
@@ -128,10 +129,12 @@ class Attention(InferenceModule):
         q, k, v = qkv.split(
             [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], -1
         )
+        if self.qk_norm == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
+        if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q = attn.rope_and_store(self.layer, self.rotary, positions, q, k, v, batch)
         out = attn.attend_layer(self.layer, q, batch, self.sm_scale, self.sliding_window)

@@ -1,7 +1,7 @@
-"""Gemma 3's text decoder through the scheduler: several requests batched together get transformers' greedy tokens
-for each alone; a final logit soft-cap is applied as transformers applies it; the Gemma variants radixrt does not
-compute are refused by name. Logits of every mode against transformers: tests/test_model_exact.py; LoRA adapters
-on it: tests/test_lora.py."""
+"""The families with layers of their own (Gemma 3, OLMo 2) through the scheduler: several requests batched together
+get transformers' greedy tokens for each alone; Gemma's final logit soft-cap is applied as transformers applies it;
+a multimodal Gemma 3 checkpoint serves its text model; what radixrt does not compute is refused by name. Logits of
+every mode against transformers: tests/test_model_exact.py; LoRA adapters on Gemma 3: tests/test_lora.py."""
 
 from __future__ import annotations
 
@@ -19,13 +19,16 @@ PROMPTS = [[5, 9, 3, 77, 12, 40, 8, 1, 99, 23, 64, 7], [17, 2, 3], [100, 42, 42,
 NEW_TOKENS = 12
 
 
-def test_batched_greedy_tokens_equal_transformers_for_each_request_alone(tmp_path):
-    hf_model = save_tiny_model("gemma3", tmp_path)
+@pytest.mark.parametrize("family", ["gemma3", "olmo2"])
+def test_batched_greedy_tokens_equal_transformers_for_each_request_alone(tmp_path, family):
+    hf_model = save_tiny_model(family, tmp_path)
     greedy = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     outputs, _ = logprob_runs(tmp_path, "float32", [[(p, greedy) for p in PROMPTS]])
     for prompt, output in zip(PROMPTS, outputs):
         with torch.no_grad():
-            expected = hf_model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
+            # every prompt token attended (OLMo 2's config names token 1 its padding)
+            expected = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=int),
+                                         max_new_tokens=NEW_TOKENS, do_sample=False,
                                          min_new_tokens=NEW_TOKENS)[0, len(prompt):].tolist()
         assert [token for token, _, _ in output] == expected
 
@@ -91,3 +94,11 @@ def test_a_multimodal_gemma_3_checkpoint_serves_its_text_model(tmp_path):
     with torch.no_grad():
         expected = hf_model(input_ids=torch.tensor([PROMPTS[0]])).logits[0]
     assert (ours - expected).abs().max().item() <= 1e-4
+
+
+def test_olmo_2_refuses_tensor_parallelism():
+    from radixrt.model.olmo import Olmo2ForCausalLM
+    from radixrt.model.parallel import TPGroup
+
+    with pytest.raises(ValueError, match="its q/k norms span every head"):
+        Olmo2ForCausalLM(tiny_config("olmo2"), max_positions=64, tp=TPGroup(rank=0, size=2))
