@@ -165,6 +165,26 @@ def test_the_model_forward_captures_without_a_sync(runners):
     assert len(graphed.graphs.graphs) == 3
 
 
+@pytest.mark.parametrize("family", ["gemma3", "olmo2", "qwen3-moe"])
+def test_other_families_capture_without_a_sync_but_experts(tmp_path, family):
+    """Gemma 3's and OLMo 2's decode forwards capture (their norms, gate and scaled embedding make no host tensor and
+    read no device value) and replay their eager logits; a mixture of experts reads its experts' row counts on the
+    host, so it cannot be captured: the runner leaves graphs off for it on CUDA (test_moe.py)."""
+    save_tiny_model(family, tmp_path)
+    make = lambda **kw: ModelRunner(tmp_path, dtype="float32", page_size=PAGE, num_pages=64,  # noqa: E731
+                                    attention_backend="triton", **kw)
+    if family == "qwen3-moe":
+        with pytest.raises(HostSyncError):
+            make(graph_factory=ReplayByCall(), cuda_graph_max_bs=2)
+        return
+    graphed, eager = make(graph_factory=ReplayByCall(), cuda_graph_max_bs=2), make()
+    for runner in (graphed, eager):
+        prefill(runner, [0, 1])
+    ours = graphed.forward(decode_batch([0, 1])).clone()
+    assert graphed.graphs.replays == 1
+    torch.testing.assert_close(ours, eager.forward(decode_batch([0, 1])), rtol=1e-5, atol=1e-5)
+
+
 def test_start_up_warm_up_runs_prefill_extend_and_decode(runners):
     """What a CUDA runner runs at start-up (so Triton compiles and autotunes there): here on the same kernels."""
     graphed, _, _ = runners
