@@ -1,4 +1,4 @@
-"""The families with layers of their own (Gemma 3, OLMo 2) through the scheduler: several requests batched together
+"""The families with layers or scalings of their own (Gemma 3, OLMo 2, Granite) through the scheduler: several requests batched together
 get transformers' greedy tokens for each alone; Gemma's final logit soft-cap is applied as transformers applies it;
 a multimodal Gemma 3 checkpoint serves its text model; what radixrt does not compute is refused by name. Logits of
 every mode against transformers: tests/test_model_exact.py; LoRA adapters on Gemma 3: tests/test_lora.py."""
@@ -19,7 +19,7 @@ PROMPTS = [[5, 9, 3, 77, 12, 40, 8, 1, 99, 23, 64, 7], [17, 2, 3], [100, 42, 42,
 NEW_TOKENS = 12
 
 
-@pytest.mark.parametrize("family", ["gemma3", "olmo2"])
+@pytest.mark.parametrize("family", ["gemma3", "olmo2", "granite"])
 def test_batched_greedy_tokens_equal_transformers_for_each_request_alone(tmp_path, family):
     hf_model = save_tiny_model(family, tmp_path)
     greedy = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)

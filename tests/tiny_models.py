@@ -7,13 +7,13 @@ from pathlib import Path
 import torch
 
 FAMILIES = ("llama", "llama3-scaled", "mistral", "qwen2", "qwen3", "untied-gqa1", "mixtral", "qwen2-moe", "qwen3-moe",
-            "gemma3", "olmo2")
+            "gemma3", "olmo2", "granite")
 MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe")
 
 
 def tiny_config(family: str):
-    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Qwen2Config,
-                              Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
+    from transformers import (Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config,
+                              Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 
     common = dict(
         vocab_size=128,
@@ -54,6 +54,9 @@ def tiny_config(family: str):
                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}
         return Gemma3TextConfig(**common, head_dim=256, sliding_window=5, query_pre_attn_scalar=24,
                                 layer_types=["sliding_attention", "full_attention"], rope_parameters=rope)
+    if family == "granite":  # every scaling away from 1
+        return GraniteConfig(**common, embedding_multiplier=6.0, residual_multiplier=1.5, attention_multiplier=2.0,
+                             logits_scaling=0.5, tie_word_embeddings=True)
     if family == "olmo2":
         return Olmo2Config(**common, tie_word_embeddings=False)
     raise ValueError(family)

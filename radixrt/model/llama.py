@@ -1,5 +1,6 @@
-"""The Llama-style decoder family: Llama 2/3, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), and their
-mixture-of-experts kin Mixtral, Qwen2-MoE and Qwen3-MoE (the same attention; the MLP in ``model/moe.py``).
+"""The Llama-style decoder family: Llama 2/3, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), Granite (scaled
+embedding, residual branches, scores and logits), and the mixture-of-experts kin Mixtral, Qwen2-MoE and Qwen3-MoE
+(the same attention; the MLP in ``model/moe.py``).
 
 Tensor parallel (``tp``): each rank holds ``heads / tp_size`` query heads and their K/V heads; where ranks
 outnumber the K/V heads each K/V head is replicated on ``tp_size / kv_heads`` consecutive ranks.
@@ -35,6 +36,7 @@ ARCHITECTURES = (  # those this module's LlamaForCausalLM serves (all of them: m
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "GraniteForCausalLM",
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
@@ -116,7 +118,7 @@ class Attention(InferenceModule):
             self.q_norm = RMSNorm(d, config.rms_norm_eps)
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
         self.rotary = rotary
-        self.sm_scale = d**-0.5
+        self.sm_scale = getattr(config, "attention_multiplier", None) or d**-0.5  # Granite sets it
         self.sliding_window = sliding_window_of(config, layer)
 
     def forward(
@@ -176,6 +178,7 @@ class DecoderLayer(InferenceModule):
         self.mlp = SparseMoeBlock(config, layer, tp) if is_sparse_layer(config, layer) else MLP(config, layer, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.residual_multiplier = getattr(config, "residual_multiplier", None)  # Granite: each branch scaled
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch,
@@ -188,8 +191,13 @@ class DecoderLayer(InferenceModule):
         else:
             h, residual = self.input_layernorm.add_forward(x, residual)
         h = self.self_attn(positions, h, batch, attn)
+        if self.residual_multiplier is not None:
+            h = h * self.residual_multiplier
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h, batch), residual
+        h = self.mlp(h, batch)
+        if self.residual_multiplier is not None:
+            h = h * self.residual_multiplier
+        return h, residual
 
 
 class LlamaForCausalLM(InferenceModule):
@@ -213,6 +221,8 @@ class LlamaForCausalLM(InferenceModule):
         self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.tp = tp
         self.packed_head: PackedWeight | None = None
+        self.embedding_multiplier = getattr(config, "embedding_multiplier", None)  # Granite's scalings
+        self.logits_scaling = getattr(config, "logits_scaling", None)
 
     def _head_weight(self) -> torch.Tensor:
         return (self.embed_tokens if self.lm_head is None else self.lm_head).weight
@@ -231,11 +241,14 @@ class LlamaForCausalLM(InferenceModule):
         """Logits (fp32) at ``batch.logits_indices``; with ``batch.return_hidden`` the final norm's output at those
         rows goes to ``batch.hidden_states`` too."""
         x, residual = self.embed_tokens(batch.input_ids), None
+        if self.embedding_multiplier is not None:
+            x = x * self.embedding_multiplier
         for layer in self.layers:
             x, residual = layer(batch.positions, x, residual, batch, attn)
         rows = batch.logits_indices
         x, _ = self.norm.add_forward(x[rows], residual[rows])
-        return self.head_logits(x, batch)
+        logits = self.head_logits(x, batch)
+        return logits if self.logits_scaling is None else logits / self.logits_scaling
 
     def head_logits(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """The fp32 logits of ``x``, the final norm's output at the logits rows (with ``batch.return_hidden``, ``x``
