@@ -1,7 +1,8 @@
-"""The families with layers or scalings of their own (Gemma 3, OLMo 2, Granite) through the scheduler: several requests batched together
-get transformers' greedy tokens for each alone; Gemma's final logit soft-cap is applied as transformers applies it;
-a multimodal Gemma 3 checkpoint serves its text model; what radixrt does not compute is refused by name. Logits of
-every mode against transformers: tests/test_model_exact.py; LoRA adapters on Gemma 3: tests/test_lora.py."""
+"""The families with layers or scalings of their own (Gemma 3, OLMo 2, Granite) through the scheduler: several
+requests batched together get transformers' greedy tokens for each alone; Gemma's final logit soft-cap is applied as
+transformers applies it; a multimodal Gemma 3 checkpoint serves its text model; what radixrt does not compute is
+refused by name. Logits of every mode against transformers: tests/test_model_exact.py; LoRA adapters on Gemma 3:
+tests/test_lora.py."""
 
 from __future__ import annotations
 
