@@ -49,7 +49,7 @@ def tiny_config(family: str):
     if family == "qwen3-moe":  # 8 experts, 3 a token, renormalised; every second layer sparse
         return Qwen3MoeConfig(**common, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
                               decoder_sparse_step=2, norm_topk_prob=True, head_dim=16, tie_word_embeddings=True)
-    if family == "gemma3":  # sliding and full layers with their own rotary (the full ones scaled); head_dim 256 as Gemma 3 1B
+    if family == "gemma3":  # sliding and full layers, each with its own rotary; head_dim 256 as Gemma 3 1B
         rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}
         return Gemma3TextConfig(**common, head_dim=256, sliding_window=5, query_pre_attn_scalar=24,
