@@ -365,6 +365,13 @@ def linear_bf16(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: 
     return _call("radixrt::linear_bf16", _module().linear_bf16, x, panels, int(out_features), bias)
 
 
+def linear_bf16_grouped(x: torch.Tensor, panels: list[torch.Tensor], bounds: list[int],
+                        out_features: int) -> torch.Tensor:
+    """Rows ``bounds[e]:bounds[e + 1]`` of ``x`` times weight ``e`` (packed by :func:`pack_linear_bf16`, all of one
+    shape) into the same rows of the output, in one parallel region: each row gets :func:`linear_bf16`'s bits."""
+    return _call("radixrt::linear_bf16_grouped", _module().linear_bf16_grouped, x, panels, bounds, int(out_features))
+
+
 @lru_cache(maxsize=1)
 def linear_amx_usable() -> bool:
     """Whether :func:`linear_amx` runs here: built for a CPU with AMX-BF16, and the tile registers granted."""

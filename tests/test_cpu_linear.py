@@ -200,6 +200,25 @@ def test_a_row_gets_the_same_bits_whatever_rows_share_its_product(dtype):
         assert torch.equal(linear(x[:rows], panels, 200), alone[:rows]), rows
 
 
+def test_grouped_bf16_products_give_each_rows_range_its_own_weights_bits():
+    """A mixture-of-experts layer's experts in one call: rows bounds[e]:bounds[e + 1] through weight e, each row with
+    the bits linear_bf16 gives it alone (ranges empty, of one row, of decode sizes and past a 256-row block)."""
+    gen = torch.Generator().manual_seed(11)
+    weights = [torch.randn(80, 48, generator=gen).bfloat16() for _ in range(5)]
+    panels = [cpu_kernels.pack_linear_bf16(w) for w in weights]
+    bounds = [0, 3, 3, 20, 279, 280]
+    x = torch.randn(bounds[-1], 48, generator=gen).bfloat16()
+    got = cpu_kernels.linear_bf16_grouped(x, panels, bounds, 80)
+    alone = torch.cat([cpu_kernels.linear_bf16(x[a:b], p, 80) for p, a, b in zip(panels, bounds, bounds[1:])])
+    assert torch.equal(got, alone)
+    with pytest.raises(RuntimeError, match="bounds must cover"):
+        cpu_kernels.linear_bf16_grouped(x, panels, [0, 3, 3, 20, 279, 279], 80)
+    with pytest.raises(RuntimeError, match="one more entry"):
+        cpu_kernels.linear_bf16_grouped(x, panels, [0, 280], 80)
+    with pytest.raises(RuntimeError, match="out_features disagrees with the panels"):
+        cpu_kernels.linear_bf16_grouped(x, [panels[0], cpu_kernels.pack_linear_bf16(weights[1][:40])], [0, 3, 280], 80)
+
+
 def test_the_bf16_panels_take_any_leading_shape_a_strided_input_and_refuse_bad_ones():
     weight = torch.randn(40, 24).bfloat16()
     panels = cpu_kernels.pack_linear_bf16(weight)

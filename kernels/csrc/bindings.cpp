@@ -26,6 +26,8 @@ bool linear_panels_built();
 at::Tensor pack_linear_bf16(at::Tensor weight);
 at::Tensor linear_bf16(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias);
 bool linear_bf16_built();
+at::Tensor linear_bf16_grouped(at::Tensor x, std::vector<at::Tensor> panels, std::vector<int64_t> bounds,
+                               int64_t out_features);
 at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias,
                       bool fp32_out);
 bool linear_amx_usable();
@@ -46,6 +48,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_panels_built", &linear_panels_built, "whether this build has the AVX2/FMA panel kernel");
   m.def("pack_linear_bf16", &pack_linear_bf16, "a bf16 weight [out, in] as panels of 16 outputs in pairs [P, in/2, 16, 2]");
   m.def("linear_bf16", &linear_bf16, "x W^T (+ b) in bf16 with W packed by pack_linear_bf16 (vdpbf16ps)");
+  m.def("linear_bf16_grouped", &linear_bf16_grouped,
+        "linear_bf16 over consecutive row ranges of x, each through its own packed weight, in one parallel region");
   m.def("linear_bf16_built", &linear_bf16_built, "whether linear_bf16 multiplies with vdpbf16ps in this build");
   m.def("linear_amx", &linear_amx, "linear_bf16's product on AMX tiles over the same panels (K a multiple of 32)");
   m.def("linear_amx_usable", &linear_amx_usable, "whether this build has the AMX path and the tiles are granted");

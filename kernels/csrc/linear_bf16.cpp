@@ -19,6 +19,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstring>
+#include <vector>
 
 #include "bf16_pairs.h"
 #include "panel_product.h"
@@ -148,37 +149,65 @@ inline void rows_tile(int64_t rows, const c10::BFloat16* x, int64_t ldx, const u
 // against 6.9 ms at 8). kPrefetch: each
 // thread's next group streams in while this one is computed, its lines shared among the tiles, so that the
 // memory stream and the arithmetic overlap instead of taking turns.
+// Panel group g (kTilePanels panels from panel g * kTilePanels) against rows [r0, r0 + block) of x. With
+// `has_next`, the next group's lines stream in meanwhile (kPrefetch).
+template <bool kPrefetch>
+void panel_group(const c10::BFloat16* xp, int64_t ldx, const uint32_t* wp, int64_t half_k, int64_t num_panels,
+                 int64_t g, bool has_next, const float* bp, c10::BFloat16* op, int64_t out_features, int64_t r0,
+                 int64_t block) {
+  const int64_t p0 = g * kTilePanels, np = std::min<int64_t>(kTilePanels, num_panels - p0);
+  const int64_t col0 = p0 * kCols, ncols = std::min(np * kCols, out_features - col0);
+  const uint32_t* gp = wp + p0 * half_k * kCols;
+  const float* gb = bp != nullptr ? bp + col0 : nullptr;
+  const int64_t after = std::max<int64_t>(0, std::min<int64_t>(kTilePanels, num_panels - p0 - kTilePanels));
+  const int64_t next_panels = has_next ? after : 0;
+  const int64_t next_lines = next_panels * half_k * kCols * 4 / 64;
+  const int64_t tiles = (block + kTileRows - 1) / kTileRows, share = (next_lines + tiles - 1) / tiles;
+  const char* next = reinterpret_cast<const char*>(gp + kTilePanels * half_k * kCols);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t r = r0 + t * block / tiles, tile_rows = r0 + (t + 1) * block / tiles - r;
+    const c10::BFloat16* xr = xp + r * ldx;
+    c10::BFloat16* orow = op + r * out_features + col0;
+    const int64_t first = std::min(next_lines, t * share);
+    const Prefetch ahead{next + 64 * first, std::min(next_lines, first + share) - first,
+                         (share + half_k - 1) / half_k};
+    if (np == 3) {
+      rows_tile<3, kPrefetch>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols, ahead);
+    } else if (np == 2) {
+      rows_tile<2, kPrefetch>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols, ahead);
+    } else {
+      rows_tile<1, kPrefetch>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols, ahead);
+    }
+  }
+}
+
 template <bool kPrefetch>
 void panel_groups(const c10::BFloat16* xp, int64_t ldx, const uint32_t* wp, int64_t half_k, int64_t num_panels,
                   int64_t groups, const float* bp, c10::BFloat16* op, int64_t out_features, int64_t r0,
                   int64_t block) {
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
-      const int64_t p0 = g * kTilePanels, np = std::min<int64_t>(kTilePanels, num_panels - p0);
-      const int64_t col0 = p0 * kCols, ncols = std::min(np * kCols, out_features - col0);
-      const uint32_t* gp = wp + p0 * half_k * kCols;
-      const float* gb = bp != nullptr ? bp + col0 : nullptr;
-      const int64_t next_panels = g + 1 < end ? std::min<int64_t>(kTilePanels, num_panels - p0 - kTilePanels) : 0;
-      const int64_t next_lines = next_panels * half_k * kCols * 4 / 64;
-      const int64_t tiles = (block + kTileRows - 1) / kTileRows, share = (next_lines + tiles - 1) / tiles;
-      const char* next = reinterpret_cast<const char*>(gp + kTilePanels * half_k * kCols);
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t r = r0 + t * block / tiles, tile_rows = r0 + (t + 1) * block / tiles - r;
-        const c10::BFloat16* xr = xp + r * ldx;
-        c10::BFloat16* orow = op + r * out_features + col0;
-        const int64_t first = std::min(next_lines, t * share);
-        const Prefetch ahead{next + 64 * first, std::min(next_lines, first + share) - first,
-                             (share + half_k - 1) / half_k};
-        if (np == 3) {
-          rows_tile<3, kPrefetch>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols, ahead);
-        } else if (np == 2) {
-          rows_tile<2, kPrefetch>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols, ahead);
-        } else {
-          rows_tile<1, kPrefetch>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols, ahead);
-        }
-      }
+      panel_group<kPrefetch>(xp, ldx, wp, half_k, num_panels, g, g + 1 < end, bp, op, out_features, r0, block);
     }
   });
+}
+
+// Whether a block of `rows` rows takes the prefetching variant (built with the instruction only).
+inline bool prefetches(int64_t rows) {
+  return kPrefetchBuilt && rows >= kPrefetchMinRows && rows <= kPrefetchMaxRows;
+}
+
+// panel_group, prefetching where `prefetch` asks and the variant is built.
+inline void run_panel_group(bool prefetch, const c10::BFloat16* xp, int64_t ldx, const uint32_t* wp, int64_t half_k,
+                            int64_t num_panels, int64_t g, bool has_next, c10::BFloat16* op, int64_t out_features,
+                            int64_t r0, int64_t block) {
+  if constexpr (kPrefetchBuilt) {
+    if (prefetch) {
+      panel_group<true>(xp, ldx, wp, half_k, num_panels, g, has_next, nullptr, op, out_features, r0, block);
+      return;
+    }
+  }
+  panel_group<false>(xp, ldx, wp, half_k, num_panels, g, has_next, nullptr, op, out_features, r0, block);
 }
 
 }  // namespace
@@ -220,7 +249,7 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor panels, int64_t out_features, c1
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int64_t block = std::min(kRowBlock, rows - r0);
     if constexpr (kPrefetchBuilt) {
-      if (block >= kPrefetchMinRows && block <= kPrefetchMaxRows) {
+      if (prefetches(block)) {
         panel_groups<true>(xp, ldx, wp, half_k, num_panels, groups, bp, op, out_features, r0, block);
         continue;
       }
@@ -228,4 +257,47 @@ at::Tensor linear_bf16(at::Tensor x, at::Tensor panels, int64_t out_features, c1
     panel_groups<false>(xp, ldx, wp, half_k, num_panels, groups, bp, op, out_features, r0, block);
   }
   return out.view(product.out_shape);
+}
+
+// Several products of one shape in one parallel region: rows [bounds[e], bounds[e + 1]) of x times weight e (each
+// packed by pack_linear_bf16), into the same rows of the output. A mixture-of-experts layer runs every expert's rows
+// through its own weight in one call; each row gets the bits linear_bf16 gives it (the same tiles, rows in the
+// same balanced split).
+at::Tensor linear_bf16_grouped(at::Tensor x, std::vector<at::Tensor> panels, std::vector<int64_t> bounds,
+                               int64_t out_features) {
+  TORCH_CHECK(!panels.empty() && bounds.size() == panels.size() + 1, "bounds must hold one more entry than panels");
+  TORCH_CHECK(x.dim() == 2 && bounds.front() == 0 && bounds.back() == x.size(0), "bounds must cover x's rows");
+  std::vector<const uint32_t*> weights;
+  int64_t half_k = 0, num_panels = 0;
+  for (size_t e = 0; e < panels.size(); ++e) {
+    const radixrt::PanelProduct product = radixrt::check_panel_product(x, panels[e], out_features, c10::nullopt, kCols);
+    TORCH_CHECK(e == 0 || product.num_panels == num_panels, "every weight must have the same shape");
+    TORCH_CHECK(bounds[e] <= bounds[e + 1], "bounds must not decrease");
+    half_k = product.k / 2;
+    num_panels = product.num_panels;
+    weights.push_back(reinterpret_cast<const uint32_t*>(panels[e].data_ptr<c10::BFloat16>()));
+  }
+  auto x2 = x.stride(1) == 1 && x.stride(0) >= x.size(1) ? x : x.contiguous();
+  auto out = at::empty({x2.size(0), out_features}, x.options());
+  const auto* xp = x2.data_ptr<c10::BFloat16>();
+  auto* op = out.data_ptr<c10::BFloat16>();
+  const int64_t ldx = x2.stride(0), groups = (num_panels + kTilePanels - 1) / kTilePanels;
+  struct Block { int64_t weight, r0, rows; };
+  std::vector<Block> blocks;
+  for (size_t e = 0; e < weights.size(); ++e) {
+    for (int64_t r0 = bounds[e]; r0 < bounds[e + 1]; r0 += kRowBlock) {
+      blocks.push_back({static_cast<int64_t>(e), r0, std::min(kRowBlock, bounds[e + 1] - r0)});
+    }
+  }
+  const int64_t items = static_cast<int64_t>(blocks.size()) * groups;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Block& b = blocks[i / groups];
+      const int64_t g = i % groups;
+      const bool has_next = i + 1 < end && g + 1 < groups;
+      run_panel_group(prefetches(b.rows), xp, ldx, weights[b.weight], half_k, num_panels, g, has_next, op,
+                      out_features, b.r0, b.rows);
+    }
+  });
+  return out;
 }

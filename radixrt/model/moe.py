@@ -7,7 +7,8 @@ does (the Qwen families; Mixtral scales in fp32 and rounds after).
 
 A forward sorts the batch's (token, expert) pairs by expert, gathers their rows once, and runs each expert the
 batch hits once over its slice, through the expert's own gate/up and down products (packed for the CPU like
-every projection; the activation runs once over all slices). The scaled outputs are added into each token's
+every projection; on the bf16 panel kernel every expert's product in one call; the activation runs once over all
+slices). The scaled outputs are added into each token's
 row in ascending expert order, the order transformers adds them in. Experts no token chose cost nothing; a
 decode step of one token runs ``k`` of them.
 
@@ -20,13 +21,17 @@ without decode graphs (``syncs_in_forward``).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
+
+from radixrt.kernels import cpu_kernels
 
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.layers import silu_and_mul
 from radixrt.model.module import InferenceModule
-from radixrt.model.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup
+from radixrt.model.parallel import ColumnParallelLinear, PackableLinear, RowParallelLinear, TPGroup
 
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
@@ -81,7 +86,7 @@ class Expert(InferenceModule):
         self.down_proj = RowParallelLinear(width, hidden, bias=False, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.partial(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj.product(silu_and_mul(self.gate_up_proj(x)))
 
 
 class SparseMoeBlock(InferenceModule):
@@ -123,14 +128,22 @@ class SparseMoeBlock(InferenceModule):
         counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
         tokens = order // self.top_k
         rows = x.index_select(0, tokens)  # each pair's token, expert by expert
-        hit = [(expert, count) for expert, count in zip(self.experts, counts) if count]
-        bounds = torch.tensor([0] + [count for _, count in hit]).cumsum(0).tolist()
-        gate_up = [expert.gate_up_proj(rows[a:b]) for (expert, _), a, b in zip(hit, bounds, bounds[1:])]
-        h = silu_and_mul(torch.cat(gate_up) if len(gate_up) > 1 else gate_up[0])
-        down = [expert.down_proj.partial(h[a:b]) for (expert, _), a, b in zip(hit, bounds, bounds[1:])]
-        y = (torch.cat(down) if len(down) > 1 else down[0]) * weights.flatten().index_select(0, order)[:, None]
+        hit = [expert for expert, count in zip(self.experts, counts) if count]
+        bounds = list(itertools.accumulate((count for count in counts if count), initial=0))
+        h = silu_and_mul(_per_expert([e.gate_up_proj for e in hit], rows, bounds))
+        y = _per_expert([e.down_proj for e in hit], h, bounds) * weights.flatten().index_select(0, order)[:, None]
         # one add per pair in index order: each token's experts land in ascending order, as transformers adds them
         out = torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return self.tp.all_reduce(out)
+
+
+def _per_expert(linears: list[PackableLinear], x: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+    """Rows ``bounds[e]:bounds[e + 1]`` of ``x`` through ``linears[e]`` (without bias or all-reduce), stacked: on the
+    bf16 panel kernel all of them in one call, else one product each."""
+    packed = [linear.packed for linear in linears]
+    if all(p is not None and p.kernel == "bf16" for p in packed):
+        return cpu_kernels.linear_bf16_grouped(x, [p.data for p in packed], bounds, packed[0].out_features)
+    parts = [linear.product(x[a:b]) for linear, a, b in zip(linears, bounds, bounds[1:])]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]

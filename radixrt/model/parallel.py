@@ -78,7 +78,9 @@ class PackableLinear(InferenceModule):
         self.packed, self.weight = packed, None
         return True
 
-    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def product(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x W^T (+ bias)`` with this rank's weight, no collective: under tensor parallelism a row-split layer's
+        partial sums (the mixture-of-experts block reduces its experts' at once)."""
         if self.packed is not None:
             return packed_linear(x, self.packed, bias)
         return F.linear(x, self.weight, bias)
@@ -110,7 +112,7 @@ class ColumnParallelLinear(PackableLinear):
         param.data[offset : offset + size].copy_(self.tp.shard(loaded, 0, self.replicas[index]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._matmul(x, self.bias)
+        return self.product(x, self.bias)
 
 
 class RowParallelLinear(PackableLinear):
@@ -131,12 +133,8 @@ class RowParallelLinear(PackableLinear):
             self.bias.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(self._matmul(x))
+        out = self.tp.all_reduce(self.product(x))
         return out if self.bias is None else out + self.bias
-
-    def partial(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's partial sums, not yet all-reduced, without the bias (a caller that reduces several at once)."""
-        return self._matmul(x)
 
 
 class VocabParallelEmbedding(InferenceModule):
