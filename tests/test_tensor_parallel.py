@@ -1,6 +1,6 @@
 """Tensor parallelism over gloo on the CPU: greedy tokens of TP=2 (tiny random models, one with its single
-K/V head replicated, a mixture of experts whose vocabulary is padded) and TP=3 (the default model) equal TP=1's in float32,
-through the Engine and through `radixrt serve`; two "nodes" over loopback; a killed rank ends the Engine
+K/V head replicated, a mixture of experts and a Gemma 3 whose vocabularies are padded) and TP=3 (the default
+model) equal TP=1's in float32, through the Engine and through `radixrt serve`; two "nodes" over loopback; a killed rank ends the Engine
 (EngineDead) and the server (exit code 1) with no process left; options that cannot work fail at start."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def followers_of(pid: int) -> list[int]:
 
 def save_model(folder: Path, default_model_path: Path, kv_heads: int, vocab_size: int, family: str) -> Path:
     """A random 2-layer model with 4 query heads and the default model's tokenizer."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2MoeConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2MoeConfig, Qwen3Config
 
     torch.manual_seed(0)
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -73,6 +73,9 @@ def save_model(folder: Path, default_model_path: Path, kv_heads: int, vocab_size
     elif family == "qwen2-moe":  # 6 routed experts (2 a token), a shared one, layer 1 dense
         config = Qwen2MoeConfig(**common, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
                                 shared_expert_intermediate_size=48, mlp_only_layers=[1])
+    elif family == "gemma3":  # a sliding-window layer and a full one, each with its own rotary
+        config = Gemma3TextConfig(**common, head_dim=16, sliding_window=4, query_pre_attn_scalar=16,
+                                  layer_types=["sliding_attention", "full_attention"])
     else:
         config = Qwen3Config(**common, head_dim=16)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -139,12 +142,15 @@ def test_server_refuses_a_bad_tp_size_with_exit_code_1():
 # ----- exact against one rank ------------------------------------------------------------------------------
 
 
-def test_tp2_on_a_tiny_mixture_of_experts_with_a_padded_vocabulary_matches_tp1(tmp_path, default_model_path):
-    # 49155 rows: not a multiple of 2, so each rank holds 24578 rows of which the last pads. Each expert's width is
-    # split over the ranks, the router replicated, routed and shared experts' partial sums all-reduced once.
+@pytest.mark.parametrize("family", ["qwen2-moe", "gemma3"])
+def test_tp2_on_tiny_models_of_other_families_with_a_padded_vocabulary_matches_tp1(tmp_path, default_model_path,
+                                                                                    family):
+    # 49155 rows: not a multiple of 2, so each rank holds 24578 rows of which the last pads. A mixture of experts:
+    # each expert's width split over the ranks, the router replicated, routed and shared experts' partial sums
+    # all-reduced once. Gemma 3: its per-head q/k norms and scaled embedding on each rank's shard.
     from radixrt import Engine
 
-    model = str(save_model(tmp_path / "tiny", default_model_path, kv_heads=2, vocab_size=49155, family="qwen2-moe"))
+    model = str(save_model(tmp_path / "tiny", default_model_path, kv_heads=2, vocab_size=49155, family=family))
     runs = []
     for tp_size in (1, 2):
         with Engine(model=model, dtype="float32", tp_size=tp_size, max_total_pages=64, log_interval=0) as engine:
