@@ -1,7 +1,8 @@
 """Tensor parallelism over gloo on the CPU: greedy tokens of TP=2 (tiny random models, one with its single
 K/V head replicated, a mixture of experts and a Gemma 3 whose vocabularies are padded) and TP=3 (the default
-model) equal TP=1's in float32, through the Engine and through `radixrt serve`; two "nodes" over loopback; a killed rank ends the Engine
-(EngineDead) and the server (exit code 1) with no process left; options that cannot work fail at start."""
+model) equal TP=1's in float32, through the Engine and through `radixrt serve`; two "nodes" over loopback; a
+killed rank ends the Engine (EngineDead) and the server (exit code 1) with no process left; options that cannot
+work fail at start."""
 
 from __future__ import annotations
 
