@@ -208,31 +208,26 @@ at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor
   return out;
 }
 
-// gate_up [T, 2I] (gate then up) -> gelu_tanh(gate) * up [T, I]
-at::Tensor gelu_tanh_and_mul(at::Tensor gate_up) {
+// gate_up [T, 2I] (gate then up) -> act(gate) * up [T, I], act silu or (gelu) gelu with the tanh approximation
+at::Tensor gated_product(at::Tensor gate_up, bool gelu) {
   check_rows(gate_up, "gate_up");
   TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up must hold two halves");
   gate_up = gate_up.contiguous();
   const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2;
   auto out = at::empty({rows, inter}, gate_up.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "gelu_tanh_and_mul", [&] {
-    gelu_tanh_and_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "gated_product", [&] {
+    if (gelu) {
+      gelu_tanh_and_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter);
+    } else {
+      silu_and_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter);
+    }
   });
   return out;
 }
 
-// gate_up [T, 2I] (gate then up) -> silu(gate) * up [T, I]
-at::Tensor silu_and_mul(at::Tensor gate_up) {
-  check_rows(gate_up, "gate_up");
-  TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up must hold two halves");
-  gate_up = gate_up.contiguous();
-  const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2;
-  auto out = at::empty({rows, inter}, gate_up.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_and_mul", [&] {
-    silu_and_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter);
-  });
-  return out;
-}
+at::Tensor silu_and_mul(at::Tensor gate_up) { return gated_product(gate_up, false); }
+
+at::Tensor gelu_tanh_and_mul(at::Tensor gate_up) { return gated_product(gate_up, true); }
 
 namespace {
 

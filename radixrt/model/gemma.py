@@ -22,7 +22,7 @@ from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.layers import RotaryEmbedding, RoundOnceRMSNorm
 from radixrt.model.llama import MLP, Attention, LlamaForCausalLM, head_dim_of
 from radixrt.model.module import InferenceModule
-from radixrt.model.parallel import SINGLE, TPGroup, VocabParallelEmbedding
+from radixrt.model.parallel import SINGLE, TPGroup
 
 
 def GemmaRMSNorm(size: int, eps: float) -> RoundOnceRMSNorm:
@@ -71,18 +71,12 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def __init__(self, config, max_positions: int, tp: TPGroup = SINGLE) -> None:
         InferenceModule.__init__(self)
         check_gemma(config)
-        self.config = config
+        self.embeddings_and_head(config, tp)
         kinds = sorted(set(config.layer_types))
         rotaries = {kind: RotaryEmbedding(config, head_dim_of(config), max_positions, kind) for kind in kinds}
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(GemmaDecoderLayer(config, i, rotaries[kind], tp)
                                     for i, kind in enumerate(config.layer_types))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
-        self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size,
-                                                                                   config.hidden_size, tp)
-        self.tp = tp
-        self.packed_head = None
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
         # sqrt(hidden) rounded to each dtype the model may run in, as transformers rounds it (made here: a tensor
         # made inside a forward would be a host-to-device copy, which a captured graph cannot hold)

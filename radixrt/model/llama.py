@@ -212,17 +212,23 @@ class LlamaForCausalLM(InferenceModule):
 
     def __init__(self, config, max_positions: int, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        self.config = config
+        self.embeddings_and_head(config, tp)
         rotary = RotaryEmbedding(config, head_dim_of(config), max_positions)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(config, i, rotary, tp) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.tp = tp
-        self.packed_head: PackedWeight | None = None
         self.embedding_multiplier = getattr(config, "embedding_multiplier", None)  # Granite's scalings
         self.logits_scaling = getattr(config, "logits_scaling", None)
+
+    def embeddings_and_head(self, config, tp: TPGroup) -> None:
+        """What every family's model holds beside its layers and final norm: the config, the token embedding and the
+        LM head (the embedding itself where tied; packed for the CPU by ``pack_linear_weights``)."""
+        self.config = config
+        self.tp = tp
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size,
+                                                                                   config.hidden_size, tp)
+        self.packed_head: PackedWeight | None = None
 
     def _head_weight(self) -> torch.Tensor:
         return (self.embed_tokens if self.lm_head is None else self.lm_head).weight

@@ -18,7 +18,7 @@ from radixrt.model.forward_batch import ForwardBatch
 from radixrt.model.layers import RotaryEmbedding, RoundOnceRMSNorm
 from radixrt.model.llama import MLP, Attention, LlamaForCausalLM, head_dim_of
 from radixrt.model.module import InferenceModule
-from radixrt.model.parallel import SINGLE, TPGroup, VocabParallelEmbedding
+from radixrt.model.parallel import SINGLE, TPGroup
 
 
 def OlmoRMSNorm(size: int, eps: float) -> RoundOnceRMSNorm:
@@ -55,16 +55,10 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
         if tp.size > 1:
             raise ValueError("OLMo 2 does not run with tensor parallelism (--tp-size > 1): its q/k norms span "
                              "every head, and each rank holds some")
-        self.config = config
+        self.embeddings_and_head(config, tp)
         rotary = RotaryEmbedding(config, head_dim_of(config), max_positions)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(Olmo2DecoderLayer(config, i, rotary, tp) for i in range(config.num_hidden_layers))
         self.norm = OlmoRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size,
-                                                                                   config.hidden_size, tp)
-        self.tp = tp
-        self.packed_head = None
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
