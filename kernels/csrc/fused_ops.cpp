@@ -83,35 +83,25 @@ void rms_norm_kernel(const T* x, T* residual, const T* weight, T* out, int64_t r
   });
 }
 
-// silu as torch computes it, x / (1 + exp(-x)), rounded to T; then times up, rounded again
-template <typename T>
-void silu_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inter) {
-  const Vec one(1.f);
-  const int64_t whole = inter - inter % kLanes;
-  at::parallel_for(0, rows, grain_for(2 * inter), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* g = gate_up + r * 2 * inter;
-      const T* u = g + inter;
-      T* o = out + r * inter;
-      int64_t i = 0;
-      for (; i < whole; i += kLanes) {
-        const Vec x = load_floats(g + i);
-        store_floats(o + i, round_to<T>(x / (one + x.neg().exp())) * load_floats(u + i));
-      }
-      for (; i < inter; ++i) {
-        const float x = static_cast<float>(g[i]);
-        o[i] = static_cast<T>(round_to<T>(x / (1.f + std::exp(-x))) * static_cast<float>(u[i]));
-      }
-    }
-  });
-}
+// silu as torch computes it, x / (1 + exp(-x))
+struct Silu {
+  Vec operator()(const Vec& x) const { return x / (Vec(1.f) + x.neg().exp()); }
+  float operator()(float x) const { return x / (1.f + std::exp(-x)); }
+};
 
-// gelu with torch's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), rounded to T; then times
-// up, rounded again (Gemma's gate, as transformers rounds it)
-template <typename T>
-void gelu_tanh_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inter) {
-  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;  // sqrt(2 / pi), as torch's kernel
-  const Vec half(0.5f), one(1.f), beta(kBeta), kappa(kKappa);
+// gelu with torch's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma's gate)
+struct GeluTanh {
+  static constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;  // sqrt(2 / pi), as torch's kernel
+  Vec operator()(const Vec& x) const {
+    const Vec inner = Vec(kBeta) * (x + Vec(kKappa) * x * x * x);
+    return Vec(0.5f) * x * (Vec(1.f) + inner.tanh());
+  }
+  float operator()(float x) const { return 0.5f * x * (1.f + std::tanh(kBeta * (x + kKappa * x * x * x))); }
+};
+
+// act(gate) rounded to T, then times up, rounded again: where transformers rounds
+template <typename T, typename Act>
+void gated_kernel(const T* gate_up, T* out, int64_t rows, int64_t inter, Act act) {
   const int64_t whole = inter - inter % kLanes;
   at::parallel_for(0, rows, grain_for(2 * inter), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -119,15 +109,9 @@ void gelu_tanh_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t in
       const T* u = g + inter;
       T* o = out + r * inter;
       int64_t i = 0;
-      for (; i < whole; i += kLanes) {
-        const Vec x = load_floats(g + i);
-        const Vec inner = beta * (x + kappa * x * x * x);
-        store_floats(o + i, round_to<T>(half * x * (one + inner.tanh())) * load_floats(u + i));
-      }
+      for (; i < whole; i += kLanes) store_floats(o + i, round_to<T>(act(load_floats(g + i))) * load_floats(u + i));
       for (; i < inter; ++i) {
-        const float x = static_cast<float>(g[i]);
-        const float inner = kBeta * (x + kKappa * x * x * x);
-        o[i] = static_cast<T>(round_to<T>(0.5f * x * (1.f + std::tanh(inner))) * static_cast<float>(u[i]));
+        o[i] = static_cast<T>(round_to<T>(act(static_cast<float>(g[i]))) * static_cast<float>(u[i]));
       }
     }
   });
@@ -217,9 +201,9 @@ at::Tensor gated_product(at::Tensor gate_up, bool gelu) {
   auto out = at::empty({rows, inter}, gate_up.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "gated_product", [&] {
     if (gelu) {
-      gelu_tanh_and_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter);
+      gated_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter, GeluTanh{});
     } else {
-      silu_and_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter);
+      gated_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inter, Silu{});
     }
   });
   return out;
