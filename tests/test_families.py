@@ -1,8 +1,8 @@
-"""The families with layers or scalings of their own (Gemma 3, OLMo 2, Granite) through the scheduler: several
-requests batched together get transformers' greedy tokens for each alone; Gemma's final logit soft-cap is applied as
-transformers applies it; a multimodal Gemma 3 checkpoint serves its text model; what radixrt does not compute is
-refused by name. Logits of every mode against transformers: tests/test_model_exact.py; LoRA adapters on Gemma 3:
-tests/test_lora.py."""
+"""The families with layers, scalings or layouts of their own (Gemma 3, OLMo 2, Granite, Phi-3) through the
+scheduler: several requests batched together get transformers' greedy tokens for each alone; Gemma's final logit
+soft-cap is applied as transformers applies it; a multimodal Gemma 3 checkpoint serves its text model; what radixrt
+does not compute is refused by name. Logits of every mode against transformers: tests/test_model_exact.py; LoRA
+adapters on Gemma 3: tests/test_lora.py."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ PROMPTS = [[5, 9, 3, 77, 12, 40, 8, 1, 99, 23, 64, 7], [17, 2, 3], [100, 42, 42,
 NEW_TOKENS = 12
 
 
-@pytest.mark.parametrize("family", ["gemma3", "olmo2", "granite"])
+@pytest.mark.parametrize("family", ["gemma3", "olmo2", "granite", "phi3"])
 def test_batched_greedy_tokens_equal_transformers_for_each_request_alone(tmp_path, family):
     hf_model = save_tiny_model(family, tmp_path)
     greedy = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
@@ -103,3 +103,12 @@ def test_olmo_2_refuses_tensor_parallelism():
 
     with pytest.raises(ValueError, match="its q/k norms span every head"):
         Olmo2ForCausalLM(tiny_config("olmo2"), max_positions=64, tp=TPGroup(rank=0, size=2))
+
+
+def test_rotary_over_part_of_each_head_is_refused(tmp_path):
+    """Phi-4-mini rotates 3/4 of each head: radixrt's rotary kernels rotate whole heads, so such a model is refused."""
+    config = tiny_config("phi3")
+    config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": 0.75}
+    _save(config, tmp_path)
+    with pytest.raises(ValueError, match="partial_rotary_factor 0.75"):
+        ModelRunner(tmp_path, num_pages=4)

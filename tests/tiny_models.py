@@ -7,13 +7,13 @@ from pathlib import Path
 import torch
 
 FAMILIES = ("llama", "llama3-scaled", "mistral", "qwen2", "qwen3", "untied-gqa1", "mixtral", "qwen2-moe", "qwen3-moe",
-            "gemma3", "olmo2", "granite")
+            "gemma3", "olmo2", "granite", "phi3")
 MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe")
 
 
 def tiny_config(family: str):
     from transformers import (Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config,
-                              Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
+                              Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 
     common = dict(
         vocab_size=128,
@@ -57,6 +57,8 @@ def tiny_config(family: str):
     if family == "granite":  # every scaling away from 1
         return GraniteConfig(**common, embedding_multiplier=6.0, residual_multiplier=1.5, attention_multiplier=2.0,
                              logits_scaling=0.5, tie_word_embeddings=True)
+    if family == "phi3":  # q/k/v and gate/up stored fused; a sliding window, as Phi-3-mini has
+        return Phi3Config(**common, sliding_window=6, tie_word_embeddings=False, pad_token_id=None, eos_token_id=None)
     if family == "olmo2":
         return Olmo2Config(**common, tie_word_embeddings=False)
     raise ValueError(family)

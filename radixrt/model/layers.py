@@ -108,6 +108,10 @@ class RotaryEmbedding(InferenceModule):
         if layer_type is not None:
             params = dict(params[layer_type])
         rope_type = params.get("rope_type", "default")
+        partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
+        if partial != 1.0:
+            raise ValueError(f"rotary embeddings over part of each head (partial_rotary_factor {partial}) are not "
+                             "supported")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
         cpu = torch.device("cpu")

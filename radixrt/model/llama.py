@@ -1,6 +1,6 @@
 """The Llama-style decoder family: Llama 2/3, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), Granite (scaled
-embedding, residual branches, scores and logits), and the mixture-of-experts kin Mixtral, Qwen2-MoE and Qwen3-MoE
-(the same attention; the MLP in ``model/moe.py``).
+embedding, residual branches, scores and logits), Phi-3 and Phi-4 (q/k/v and gate/up stored fused), and the
+mixture-of-experts kin Mixtral, Qwen2-MoE and Qwen3-MoE (the same attention; the MLP in ``model/moe.py``).
 
 Tensor parallel (``tp``): each rank holds ``heads / tp_size`` query heads and their K/V heads; where ranks
 outnumber the K/V heads each K/V head is replicated on ``tp_size / kv_heads`` consecutive ranks.
@@ -37,6 +37,7 @@ ARCHITECTURES = (  # those this module's LlamaForCausalLM serves (all of them: m
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "GraniteForCausalLM",
+    "Phi3ForCausalLM",
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
@@ -271,7 +272,7 @@ class LlamaForCausalLM(InferenceModule):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         modules = dict(self.named_modules())
         seen: set[str] = set()
-        for name, tensor in _expert_tensors(weights):
+        for name, tensor in _unfused(_expert_tensors(weights), self.config):
             if name.startswith("model."):
                 name = name[len("model.") :]
             if "rotary_emb" in name:
@@ -327,3 +328,20 @@ def _expert_tensors(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tup
                 gate, up = weight.chunk(2, dim=0)
                 yield f"{prefix}.experts.{expert}.gate_proj.weight", gate
                 yield f"{prefix}.experts.{expert}.up_proj.weight", up
+
+
+def _unfused(weights: Iterable[tuple[str, torch.Tensor]], config) -> Iterator[tuple[str, torch.Tensor]]:
+    """A checkpoint's tensors with Phi-3's fused projections split into the ones the other families store:
+    ``self_attn.qkv_proj.weight`` into q, k and v, ``mlp.gate_up_proj.weight`` into gate and up."""
+    d = head_dim_of(config)
+    qkv = [config.num_attention_heads * d, config.num_key_value_heads * d, config.num_key_value_heads * d]
+    for name, tensor in weights:
+        if name.endswith(".self_attn.qkv_proj.weight"):
+            for proj, part in zip(("q_proj", "k_proj", "v_proj"), tensor.split(qkv)):
+                yield name.replace(".qkv_proj.", f".{proj}."), part
+        elif name.endswith(".mlp.gate_up_proj.weight"):
+            gate, up = tensor.chunk(2, dim=0)
+            yield name.replace(".gate_up_proj.", ".gate_proj."), gate
+            yield name.replace(".gate_up_proj.", ".up_proj."), up
+        else:
+            yield name, tensor
