@@ -92,7 +92,6 @@ class Expert(InferenceModule):
 class SparseMoeBlock(InferenceModule):
     def __init__(self, config, layer: int, tp: TPGroup) -> None:
         super().__init__()
-        self.layer = layer
         self.tp = tp
         self.num_experts = num_experts_of(config)
         self.top_k = config.num_experts_per_tok
