@@ -108,3 +108,14 @@ def test_tensor_parallel_sizes_the_expert_widths_do_not_divide_by_are_refused():
         check_tensor_parallel(config, 2)
     config.decoder_sparse_step = 1
     check_tensor_parallel(config, 2)
+
+
+def test_a_config_choosing_more_experts_than_it_has_is_refused(tmp_path):
+    from transformers import AutoConfig
+
+    save_tiny_model("qwen3-moe", tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path)
+    config.num_experts_per_tok = config.num_experts + 1
+    config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="num_experts_per_tok 9 must be between 1 and the 8 experts"):
+        ModelRunner(tmp_path, num_pages=4)
