@@ -1,15 +1,11 @@
 // bf16 linear layers on AVX512-BF16 CPUs: y = x W^T (+ b) with W packed once into panels of 16 output columns
 // held as bf16 pairs, multiplied by `vdpbf16ps` (32 products into 16 fp32 lanes per instruction).
 //
-// Layout: panel p holds W's rows 16p..16p+15, [K/2][16][2]: for each pair of k, the 16 columns' two weights side
-// by side (the last panel zero-padded), so a panel is one contiguous stream and one 64-byte load feeds a whole
-// instruction. A tile is up to 8 rows of x against up to 3 panels: 24 accumulators in registers over all of K
-// (the instruction's latency needs about that many in flight), each row's pair of x broadcast once per k-pair for
-// the three panels, each panel's vector loaded once for the eight rows. Threads take groups of three panels; a
-// block of up to kRowBlock rows of x stays in L2 while the panels pass, so a decode-sized product (1-64 rows)
-// reads every weight from memory once; at 2-32 rows a thread prefetches its next group meanwhile. Outputs are
-// fp32 sums rounded once to bf16 (nearest even), as a bf16 GEMM that accumulates in fp32 does; only the order of
-// the sum differs from oneDNN's.
+// The layout and the register tiles are bf16_panel_tiles.h's (shared with linear_fp8.cpp). Threads take groups of
+// three panels; a block of up to kRowBlock rows of x stays in L2 while the panels pass, so a decode-sized product
+// (1-64 rows) reads every weight from memory once; at 2-32 rows a thread prefetches its next group meanwhile.
+// Outputs are fp32 sums rounded once to bf16 (nearest even), as a bf16 GEMM that accumulates in fp32 does; only
+// the order of the sum differs from oneDNN's.
 //
 // Without AVX512-BF16 the same loops run on bf16_pairs.h's stand-in for the instruction (the tests' path on
 // other CPUs); the runtime takes this kernel only where the instruction exists (linear_bf16_built()).
@@ -21,134 +17,19 @@
 #include <cstring>
 #include <vector>
 
-#include "bf16_pairs.h"
+#include "bf16_panel_tiles.h"
 #include "panel_product.h"
 
 namespace {
 
-using radixrt::pairs::F16;
-namespace pairs = radixrt::pairs;
+using namespace radixrt::panel_tiles;
 
-constexpr int64_t kCols = 16;       // output columns of a panel
-constexpr int kTileRows = 8;        // rows of x in a tile
-constexpr int kTilePanels = 3;      // panels in a tile
 constexpr int64_t kRowBlock = 256;  // rows of x a block of work keeps in L2 while the panels pass
 // From 2 to 32 rows the next panels are prefetched: one row streams at the memory's pace without help, and past
 // 32 rows the product is bound by arithmetic (old and new builds alternating: 2-16 rows 5-15% faster, 1 and
 // 48-64 level).
 constexpr int64_t kPrefetchMinRows = 2, kPrefetchMaxRows = 32;
-// The stand-in (tests only) builds no prefetching variant: a prefetch never changes a result, and the variant
-// doubled the stand-in's compile time (31 s of a narrower build's minute).
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-constexpr bool kPrefetchBuilt = true;
-#else
-constexpr bool kPrefetchBuilt = false;
-#endif
 
-// fp32 lanes rounded to bf16 (nearest even, NaN kept) into n <= 16 outputs
-inline void store_bf16(c10::BFloat16* out, const float* lanes, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) out[c] = c10::BFloat16(lanes[c]);
-}
-
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-inline void store_lanes(c10::BFloat16* out, F16 v, int64_t n) {
-  const __m256i bits = (__m256i)_mm512_cvtneps_pbh(v);
-  if (n == kCols) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bits);
-  } else {
-    _mm256_mask_storeu_epi16(out, static_cast<__mmask16>((1u << n) - 1), bits);
-  }
-}
-#else
-inline void store_lanes(c10::BFloat16* out, F16 v, int64_t n) {
-  alignas(64) float lanes[kCols];
-  pairs::store16(lanes, v);
-  store_bf16(out, lanes, n);
-}
-#endif
-
-// Cache lines of the next panel group that a tile asks for, into L2, while it computes: [next, next + 64 * lines),
-// `per_step` of them each k-pair.
-struct Prefetch {
-  const char* next;
-  int64_t lines, per_step;
-};
-
-// Rows R (1..8) of x times panels P (1..3): out[r][16 p + c] = x[r] . W[16 (p0 + p) + c] (+ bias) for the first
-// `ncols` columns of the tile.
-template <int R, int P, bool kPrefetch>
-inline void tile(const c10::BFloat16* __restrict x, int64_t ldx, const uint32_t* __restrict panels, int64_t half_k,
-                 const float* __restrict bias, c10::BFloat16* __restrict out, int64_t ldo, int64_t ncols,
-                 Prefetch ahead) {
-  F16 acc[R][P];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 3
-    for (int p = 0; p < P; ++p) acc[r][p] = pairs::zeros();
-  }
-  const int64_t panel_stride = half_k * kCols;
-  int64_t fetched = 0;
-  for (int64_t kp = 0; kp < half_k; ++kp) {
-    if constexpr (kPrefetch) {
-      for (int64_t i = 0; i < ahead.per_step && fetched < ahead.lines; ++i, ++fetched) {
-        __builtin_prefetch(ahead.next + 64 * fetched, 0, 2);
-      }
-    }
-#if defined(CPU_CAPABILITY_AVX512)
-    __m512i w[P];
-#pragma GCC unroll 3
-    for (int p = 0; p < P; ++p) w[p] = _mm512_loadu_si512(panels + p * panel_stride + kp * kCols);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const uint32_t xr = pairs::pair_at(x + r * ldx + 2 * kp);
-#pragma GCC unroll 3
-      for (int p = 0; p < P; ++p) acc[r][p] = pairs::dot2(acc[r][p], w[p], xr);
-    }
-#else
-    for (int r = 0; r < R; ++r) {
-      const uint32_t xr = pairs::pair_at(x + r * ldx + 2 * kp);
-      for (int p = 0; p < P; ++p) acc[r][p] = pairs::dot2(acc[r][p], panels + p * panel_stride + kp * kCols, xr);
-    }
-#endif
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 3
-    for (int p = 0; p < P; ++p) {
-      const int64_t n = std::min<int64_t>(kCols, ncols - p * kCols);
-      if (n <= 0) continue;
-      F16 v = acc[r][p];
-      if (bias != nullptr) {
-        alignas(64) float padded[kCols] = {};
-        std::memcpy(padded, bias + p * kCols, n * sizeof(float));
-        v = pairs::add16(v, pairs::load16(padded));
-      }
-      store_lanes(out + r * ldo + p * kCols, v, n);
-    }
-  }
-}
-
-template <int P, bool kPrefetch>
-inline void rows_tile(int64_t rows, const c10::BFloat16* x, int64_t ldx, const uint32_t* panels, int64_t half_k,
-                      const float* bias, c10::BFloat16* out, int64_t ldo, int64_t ncols, Prefetch ahead) {
-  switch (rows) {
-    case 8: return tile<8, P, kPrefetch>(x, ldx, panels, half_k, bias, out, ldo, ncols, ahead);
-    case 7: return tile<7, P, kPrefetch>(x, ldx, panels, half_k, bias, out, ldo, ncols, ahead);
-    case 6: return tile<6, P, kPrefetch>(x, ldx, panels, half_k, bias, out, ldo, ncols, ahead);
-    case 5: return tile<5, P, kPrefetch>(x, ldx, panels, half_k, bias, out, ldo, ncols, ahead);
-    case 4: return tile<4, P, kPrefetch>(x, ldx, panels, half_k, bias, out, ldo, ncols, ahead);
-    case 3: return tile<3, P, kPrefetch>(x, ldx, panels, half_k, bias, out, ldo, ncols, ahead);
-    case 2: return tile<2, P, kPrefetch>(x, ldx, panels, half_k, bias, out, ldo, ncols, ahead);
-    default: return tile<1, P, kPrefetch>(x, ldx, panels, half_k, bias, out, ldo, ncols, ahead);
-  }
-}
-
-// Rows [r0, r0 + block) of x against every panel group, the groups shared among the threads. The rows split into
-// the fewest tiles of at most 8, balanced: 9 rows run as 5 + 4, since a tile of one row keeps only 3
-// accumulators in flight and took as long as a tile of four (1.8 ms of the default model's 30 layers at 9 rows
-// against 6.9 ms at 8). kPrefetch: each
-// thread's next group streams in while this one is computed, its lines shared among the tiles, so that the
-// memory stream and the arithmetic overlap instead of taking turns.
 // Panel group g (kTilePanels panels from panel g * kTilePanels) against rows [r0, r0 + block) of x. With
 // `has_next`, the next group's lines stream in meanwhile (kPrefetch).
 template <bool kPrefetch>
@@ -160,25 +41,9 @@ void panel_group(const c10::BFloat16* xp, int64_t ldx, const uint32_t* wp, int64
   const uint32_t* gp = wp + p0 * half_k * kCols;
   const float* gb = bp != nullptr ? bp + col0 : nullptr;
   const int64_t after = std::max<int64_t>(0, std::min<int64_t>(kTilePanels, num_panels - p0 - kTilePanels));
-  const int64_t next_panels = has_next ? after : 0;
-  const int64_t next_lines = next_panels * half_k * kCols * 4 / 64;
-  const int64_t tiles = (block + kTileRows - 1) / kTileRows, share = (next_lines + tiles - 1) / tiles;
+  const int64_t next_lines = (has_next ? after : 0) * half_k * kCols * 4 / 64;
   const char* next = reinterpret_cast<const char*>(gp + kTilePanels * half_k * kCols);
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t r = r0 + t * block / tiles, tile_rows = r0 + (t + 1) * block / tiles - r;
-    const c10::BFloat16* xr = xp + r * ldx;
-    c10::BFloat16* orow = op + r * out_features + col0;
-    const int64_t first = std::min(next_lines, t * share);
-    const Prefetch ahead{next + 64 * first, std::min(next_lines, first + share) - first,
-                         (share + half_k - 1) / half_k};
-    if (np == 3) {
-      rows_tile<3, kPrefetch>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols, ahead);
-    } else if (np == 2) {
-      rows_tile<2, kPrefetch>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols, ahead);
-    } else {
-      rows_tile<1, kPrefetch>(tile_rows, xr, ldx, gp, half_k, gb, orow, out_features, ncols, ahead);
-    }
-  }
+  group_tiles<kPrefetch>(xp, ldx, gp, np, half_k, gb, op, out_features, col0, ncols, r0, block, next, next_lines);
 }
 
 template <bool kPrefetch>
