@@ -9,8 +9,8 @@ Keyword arguments are `radixrt serve` options by SGLang's names or radixrt's (``
 ``dp_size``, ``mem_fraction_static``, ``max_total_tokens``, ... and ``kv_memory_gb``, ...); each becomes a
 command-line flag and the server's parser judges it: an option it does not know (or an abbreviation) is a
 ``TypeError`` naming it, a value it refuses (an SGLang option asking for something radixrt does not serve:
-LoRA, quantization, ...) a ``ValueError`` with the server's reason. ``log_level`` is the server's too, and at
-``info`` or ``debug`` its output is echoed here.
+a KV cache dtype, a quantization other than fp8, ...) a ``ValueError`` with the server's reason. ``log_level`` is
+the server's too, and at ``info`` or ``debug`` its output is echoed here.
 
 The server dies with this process (``die_with_parent``), on ``shutdown()`` and at interpreter exit. The
 Runtime is a backend (``set_default_backend(runtime)``: programs run on ``runtime.endpoint``) and has SGLang's

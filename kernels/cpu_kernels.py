@@ -42,10 +42,10 @@ import torch
 logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("bindings.cpp", "paged_decode.cpp", "paged_extend.cpp", "fused_ops.cpp",
-                                    "linear_panels.cpp", "linear_bf16.cpp", "linear_amx.cpp",
+                                    "linear_panels.cpp", "linear_bf16.cpp", "linear_fp8.cpp", "linear_amx.cpp",
                                     "greedy_tokens.cpp", "sample_tokens.cpp")]
-HEADERS = [CSRC / "dtype_vec.h", CSRC / "bf16_pairs.h", CSRC / "panel_product.h", CSRC / "amx_tiles.h",
-           CSRC / "attend_amx.h"]
+HEADERS = [CSRC / "dtype_vec.h", CSRC / "bf16_pairs.h", CSRC / "bf16_panel_tiles.h", CSRC / "panel_product.h",
+           CSRC / "amx_tiles.h", CSRC / "attend_amx.h"]
 VECTORS_ENV = "RADIXRT_CPU_VECTORS"
 AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # what ATen's AVX-512 vectors need
 LEVELS = ("avx512bf16", "avx512", "avx2", "default")
@@ -370,6 +370,31 @@ def linear_bf16_grouped(x: torch.Tensor, panels: list[torch.Tensor], bounds: lis
     """Rows ``bounds[e]:bounds[e + 1]`` of ``x`` times weight ``e`` (packed by :func:`pack_linear_bf16`, all of one
     shape) into the same rows of the output, in one parallel region: each row gets :func:`linear_bf16`'s bits."""
     return _call("radixrt::linear_bf16_grouped", _module().linear_bf16_grouped, x, panels, bounds, int(out_features))
+
+
+def pack_linear_fp8(bits: torch.Tensor, row_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 (e4m3) ``bits`` ``[out, in]`` (uint8, ``in`` even) and their scales ``[out, blocks]`` (fp32, one per
+    output and block of inputs) as :func:`linear_fp8`'s panels ``[P, in / 2, 16, 2]`` (uint8, the layout of
+    :func:`pack_linear_bf16`) and scales ``[P, blocks, 16]``, zero past ``out``."""
+    out_features, in_features = bits.shape
+    if in_features % 2:
+        raise ValueError("the fp8 panels need an even number of input features")
+    panels = -(-out_features // 16)
+    padded = torch.zeros(panels * 16, in_features, dtype=torch.uint8)
+    padded[:out_features] = bits
+    scales = torch.zeros(panels * 16, row_scales.shape[1], dtype=torch.float32)
+    scales[:out_features] = row_scales
+    return (padded.view(panels, 16, in_features // 2, 2).permute(0, 2, 1, 3).contiguous(),
+            scales.view(panels, 16, -1).permute(0, 2, 1).contiguous())
+
+
+def linear_fp8(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor, block_k: int, k_offset: int,
+               out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W^T (+ bias)`` in bf16 with ``W`` as fp8 panels and scales (:func:`pack_linear_fp8`), input ``k``'s
+    scale that of block ``(k_offset + k) // block_k``: bit for bit :func:`linear_bf16` over ``W`` dequantized
+    (each weight times its scale in fp32, rounded once to bf16)."""
+    return _call("radixrt::linear_fp8", _module().linear_fp8, x, panels, scales, int(block_k), int(k_offset),
+                 int(out_features), bias)
 
 
 @lru_cache(maxsize=1)

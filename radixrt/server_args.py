@@ -146,6 +146,7 @@ class ServerArgs:
     download_dir: str | None = field(default=None, metadata={"no_effect": "hub downloads go to the Hugging Face cache"})
     file_storage_path: str | None = field(default=None, metadata={"no_effect": "radixrt has no files API"})
     load_format: str = field(default="auto", metadata={"no_effect": "the format is read from the path (a folder of safetensors, or a .gguf file)", "choices": ("auto", "safetensors", "gguf")})
+    quantization: str | None = field(default=None, metadata={"help": "fp8: quantize the model's projections to fp8 (e4m3, 128x128 blocks, weight-only) as they load; a checkpoint quantized to fp8 needs no flag (radixrt.model.fp8). Other methods are refused; a GGUF file is dequantized at load", "choices": ("fp8",)})
     # ----- LoRA adapters (radixrt.model.lora) -----
     enable_lora: bool = field(default=False, metadata={"help": "serve LoRA adapters, loaded at start-up (--lora-paths) or later (/load_lora_adapter); implied by --lora-paths"})
     lora_paths: list[str] | None = field(default=None, metadata={"help": "LoRA adapters to load at start-up, each PATH (named by its path), NAME=PATH, or JSON {\"lora_name\": ..., \"lora_path\": ...}; a path is a PEFT adapter folder or a hub id"})
@@ -158,7 +159,6 @@ class ServerArgs:
     max_lora_chunk_size: int | None = field(default=None, metadata={"no_effect": "a setting of SGLang's chunked SGMV kernels, which radixrt does not use"})
     enable_lora_overlap_loading: bool = field(default=False, metadata={"no_effect": "an adapter is loaded once, into the memory the forwards read"})
     # ----- SGLang's launch flags asking for what radixrt does not serve: refused unless they ask for nothing -----
-    quantization: str | None = field(default=None, metadata={"refused": ("quantized inference (a GGUF file is dequantized at load)", (None,))})
     kv_cache_dtype: str = field(default="auto", metadata={"refused": ("a KV cache dtype other than the model's", ("auto",))})
     tokenizer_mode: str = field(default="auto", metadata={"refused": ("the slow tokenizer", ("auto",))})
     skip_tokenizer_init: bool = field(default=False, metadata={"refused": ("serving without a tokenizer", (False,))})

@@ -51,10 +51,10 @@ def test_generate_takes_the_model_by_sglang_name_and_its_dtype_from_a_list():
 
 def test_serve_names_a_refused_value_before_loading_anything(capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["serve", "--quantization", "fp8"])
+        main(["serve", "--kv-cache-dtype", "fp8_e4m3"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "quantization='fp8'" in err and "does not serve quantized" in err
+    assert "kv_cache_dtype='fp8_e4m3'" in err and "does not serve a KV cache dtype" in err
     assert err.count("\n") < 5  # a short usage line, not every flag
 
 

@@ -98,7 +98,7 @@ def test_bad_options_fail_clearly(runtime):
         sgl.Runtime(model_path="smollm2-135m", not_a_radixrt_option=3, launch_timeout=120)
     with pytest.raises(TypeError, match="kv_memory$"):  # an abbreviation is not an option's name
         sgl.Runtime(model_path="smollm2-135m", kv_memory=0.05, dtype="float32", log_interval=0)
-    for options in ({"quantization": "fp8"}, {"kv_cache_dtype": "fp8_e4m3"},
+    for options in ({"quantization": "awq"}, {"kv_cache_dtype": "fp8_e4m3"},
                     {"dtype": "bf15"}):
         with pytest.raises(ValueError, match=next(iter(options))):
             sgl.Runtime(model_path="smollm2-135m", **options)

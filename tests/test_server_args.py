@@ -133,7 +133,7 @@ def test_a_choice_outside_the_list_fails_when_parsed():
 
 
 @pytest.mark.parametrize("options,what", [
-    ({"quantization": "fp8"}, "quantized"), ({"kv_cache_dtype": "fp8_e4m3"}, "KV cache dtype"),
+    ({"kv_cache_dtype": "fp8_e4m3"}, "KV cache dtype"),
     ({"tokenizer_mode": "slow"}, "slow"),
     ({"skip_tokenizer_init": True}, "tokenizer"), ({"revision": "v2"}, "revision"),
     ({"json_model_override_args": '{"a": 1}'}, "config"),
@@ -141,6 +141,13 @@ def test_a_choice_outside_the_list_fails_when_parsed():
 def test_sglang_options_radixrt_does_not_serve_are_refused_by_name(options, what):
     with pytest.raises(ValueError, match=f"{next(iter(options))}=.*{what}"):
         ServerArgs(**options)
+
+
+def test_quantization_takes_fp8_and_refuses_other_methods_by_name():
+    assert ServerArgs(quantization="fp8").quantization == "fp8"
+    for method in ("awq", "gptq", "w8a8_int8"):
+        with pytest.raises(ValueError, match=f"quantization must be one of fp8; got '{method}'"):
+            ServerArgs(quantization=method)
 
 
 def test_fixed_choice_lists_match_the_modules_that_act_on_them():

@@ -161,6 +161,24 @@ def test_tp2_on_tiny_models_of_other_families_with_a_padded_vocabulary_matches_t
         assert lps == pytest.approx(want_lps, abs=1e-4)
 
 
+def test_tp2_with_fp8_weights_matches_tp1(tmp_path, default_model_path):
+    # an FP8 checkpoint in blocks of 16 x 16: a column-split projection takes its rows' scales, a row-split one all
+    # its blocks, its shard's inputs counted from the shard's first (rank 1 starts in block 2 of o_proj's 4)
+    from radixrt import Engine
+    from tiny_models import save_fp8_checkpoint
+
+    source = save_model(tmp_path / "tiny", default_model_path, kv_heads=2, vocab_size=49155, family="llama")
+    save_fp8_checkpoint(source, tmp_path / "fp8", (16, 16), quantizer="radixrt")
+    runs = []
+    for tp_size in (1, 2):
+        with Engine(model=str(tmp_path / "fp8"), dtype="float32", tp_size=tp_size, max_total_pages=64,
+                    log_interval=0) as engine:
+            runs.append(greedy_logprobs(engine, PROMPTS))
+    for (want_ids, want_lps), (ids, lps) in zip(*runs):
+        assert ids == want_ids
+        assert lps == pytest.approx(want_lps, abs=1e-4)
+
+
 def test_tp2_replicates_a_single_kv_head_and_matches_tp1_over_cached_pages(tmp_path, default_model_path):
     from radixrt import Engine
 

@@ -77,3 +77,76 @@ def save_tiny_model(family: str, folder: Path, seed: int = 0):
     model.eval()
     model.save_pretrained(folder)
     return model
+
+
+def save_fp8_checkpoint(source: Path, folder: Path, block: tuple[int, int], quantizer: str = "transformers") -> None:
+    """``source``'s checkpoint with every projection of its layers quantized to fp8 (e4m3) in blocks of ``block``, as
+    the hub's FP8 checkpoints store them (``weight`` float8 beside ``weight_scale_inv``, the config's
+    ``quantization_config``). ``quantizer``: transformers' own FP8 quantizer (``block`` must divide every
+    projection), or radixrt's (partial blocks where a dimension is not a multiple)."""
+    import json
+    import re
+    import shutil
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file, save_file
+    from transformers import FineGrainedFP8Config
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+
+    from radixrt.model.fp8 import quantize
+
+    config = FineGrainedFP8Config(weight_block_size=list(block))
+    hf_quantizer = Fp8Quantize(SimpleNamespace(quantization_config=config))
+    tensors = {}
+    for file in sorted(source.glob("*.safetensors")):
+        for name, tensor in load_file(file).items():
+            if not re.search(r"layers\.\d+\..*(_proj|\.w[123])\.weight$", name) or tensor.dim() != 2:
+                tensors[name] = tensor
+            elif quantizer == "transformers":
+                quantized = hf_quantizer._quantize_one(name, tensor)
+                assert quantized[name].dtype == torch.float8_e4m3fn, f"{block} does not divide {name}"
+                tensors.update(quantized)
+            else:
+                bits, scales = quantize(tensor, block)
+                tensors[name] = bits.view(torch.float8_e4m3fn)
+                tensors[name.replace(".weight", ".weight_scale_inv")] = scales
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    for extra in source.iterdir():
+        if extra.suffix != ".safetensors" and extra.name != "config.json" and extra.is_file():
+            shutil.copy(extra, folder / extra.name)
+    model_config = json.loads((source / "config.json").read_text())
+    model_config["quantization_config"] = config.to_dict()
+    (folder / "config.json").write_text(json.dumps(model_config))
+
+
+def dequantized(fp8_folder: Path, folder: Path, block: tuple[int, int]) -> None:
+    """An fp8 checkpoint dequantized in plain torch (each fp8 value times its block's scale in fp32, partial blocks
+    included) into an fp32 checkpoint without a quantization config: the reference radixrt's fp8 weights must
+    equal."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bn, bk = block
+    tensors = load_file(fp8_folder / "model.safetensors")
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith("weight_scale_inv"):
+            continue
+        if tensor.dtype == torch.float8_e4m3fn:
+            scales = tensors[name + "_scale_inv"]
+            rows, cols = tensor.shape
+            grid = scales.repeat_interleave(bn, 0)[:rows].repeat_interleave(bk, 1)[:, :cols]
+            out[name] = tensor.float() * grid
+        else:
+            out[name] = tensor
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(out, folder / "model.safetensors", metadata={"format": "pt"})
+    for extra in fp8_folder.iterdir():
+        if extra.suffix != ".safetensors" and extra.is_file():
+            shutil.copy(extra, folder / extra.name)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("quantization_config")
+    (folder / "config.json").write_text(json.dumps(config))

@@ -54,6 +54,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-memory-gb", type=float, default=ServerArgs.kv_memory_gb)
     p.add_argument("--schedule-policy", default=ServerArgs.schedule_policy)
     p.add_argument("--enable-mixed-chunk", action="store_true", help="decodes ride along with prefill chunks")
+    p.add_argument("--quantization", default=None, choices=("fp8",),
+                   help="fp8: radixrt's projections quantized at load (the transformers column stays unquantized)")
 
 
 def add_bench_parser(commands) -> None:
@@ -165,7 +167,7 @@ def _engine_kwargs(args, **extra) -> dict:
     kwargs = dict(model=args.model, dtype=args.dtype, page_size=args.page_size,
                   max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size,
                   kv_memory_gb=args.kv_memory_gb, schedule_policy=args.schedule_policy, log_interval=0.0,
-                  enable_mixed_chunk=args.enable_mixed_chunk,
+                  enable_mixed_chunk=args.enable_mixed_chunk, quantization=args.quantization,
                   engine_scheduler="thread")  # the step recorder and the runner are read in this process
     return {**kwargs, **extra}
 

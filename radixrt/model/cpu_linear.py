@@ -19,6 +19,10 @@
   prepacked kernel from 1 to 512 rows and 0.96x at 2,048 (prefill chunks). Every row gets the same bits whatever
   rows come with it (oneDNN's do not), so a speculative verify row gets its decode row's bits on these CPUs too.
   Input widths not a multiple of 32 keep oneDNN.
+- ``fp8`` (radixrt.kernels' ``linear_fp8``): fp8 weights (``model/fp8.py``) of a bf16 model on CPUs with
+  AVX512-BF16, one byte a weight in the bf16 kernel's panel layout with a scale per output and block of inputs,
+  dequantized a panel group at a time into the bf16 kernel's tiles: each row gets the bits ``bf16`` gives it over
+  the dequantized weight, from half the bytes. Elsewhere fp8 weights are dequantized once and packed as any other.
 - ``onednn``: oneDNN's blocked layout (what inductor's ``mkldnn`` linear does), for everything else. Its bf16
   kernels need AVX512-BF16/AMX or AVX-NE-CONVERT; where the CPU lacks them the reorder fails and the layer
   keeps ``F.linear``.
@@ -43,16 +47,20 @@ from radixrt.kernels import cpu_kernels
 
 BATCH_HINT = 64  # the row count oneDNN tunes its blocked layout for; any row count works afterwards
 KERNEL_ENV = "RADIXRT_CPU_LINEAR"
-KERNELS = ("panels", "bf16", "amx", "onednn")
+KERNELS = ("panels", "bf16", "amx", "onednn")  # forced by RADIXRT_CPU_LINEAR; fp8 weights take "fp8" by themselves
 
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A weight ``[out, in]`` packed for ``kernel`` (one of :data:`KERNELS`)."""
+    """A weight ``[out, in]`` packed for ``kernel`` (one of :data:`KERNELS`, or ``fp8``: then ``data`` holds the
+    fp8 panels, ``scales`` their scales, input ``k``'s that of block ``(k_offset + k) // block_k``)."""
 
     data: torch.Tensor
     out_features: int
     kernel: str
+    scales: torch.Tensor | None = None
+    block_k: int = 0
+    k_offset: int = 0
 
 
 def packing_enabled(device: torch.device) -> bool:
@@ -136,6 +144,21 @@ def pack_weight(weight: torch.Tensor, row_invariant: bool = False) -> PackedWeig
         return None
 
 
+def pack_fp8_weight(bits: torch.Tensor, scales: torch.Tensor, block_k: int, k_offset: int,
+                    dtype: torch.dtype) -> PackedWeight | None:
+    """An fp8 weight (``model/fp8.py``'s bits and per-row scales) packed for ``linear_fp8``, or None where it does not
+    run here: a model dtype other than bf16, an odd ``in``, packing off, a kernel forced by ``RADIXRT_CPU_LINEAR``,
+    or a CPU without AVX512-BF16 (``RADIXRT_CPU_LINEAR=bf16`` runs it on the stand-in, for tests)."""
+    forced = os.environ.get(KERNEL_ENV)
+    usable = (forced == "bf16" and cpu_kernels.load() is not None) or (forced is None
+                                                                        and cpu_kernels.linear_bf16_built())
+    if (not packing_enabled(bits.device) or dtype != torch.bfloat16 or bits.shape[1] % 2 or block_k % 2
+            or k_offset % 2 or not usable):
+        return None
+    panels, panel_scales = cpu_kernels.pack_linear_fp8(bits, scales)
+    return PackedWeight(panels, bits.shape[0], "fp8", panel_scales, block_k, k_offset)
+
+
 def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None,
                   fp32_out: bool = False) -> torch.Tensor:
     """``x @ W^T (+ bias)`` with ``W`` as returned by :func:`pack_weight`; with ``fp32_out``, the result widened to
@@ -147,6 +170,9 @@ def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
         out = cpu_kernels.linear_panels(x, packed.data, packed.out_features, bias)
     elif packed.kernel == "bf16":
         out = cpu_kernels.linear_bf16(x, packed.data, packed.out_features, bias)
+    elif packed.kernel == "fp8":
+        out = cpu_kernels.linear_fp8(x, packed.data, packed.scales, packed.block_k, packed.k_offset,
+                                     packed.out_features, bias)
     else:
         out = torch.ops.mkldnn._linear_pointwise(x, packed.data, bias, "none", [], "")
     return out.float() if fp32_out else out

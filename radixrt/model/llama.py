@@ -22,6 +22,7 @@ from radixrt.model.layers import RMSNorm, RotaryEmbedding, gelu_tanh_and_mul, si
 from radixrt.model.module import InferenceModule
 from radixrt.model.moe import SparseMoeBlock, is_sparse_layer, moe_widths
 from radixrt.model.cpu_linear import PackedWeight, pack_weight, packed_linear
+from radixrt.model.fp8 import Fp8Scheme, fp8_scheme, fp8_tensors
 from radixrt.model.parallel import (
     SINGLE,
     ColumnParallelLinear,
@@ -230,6 +231,8 @@ class LlamaForCausalLM(InferenceModule):
         self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size,
                                                                                    config.hidden_size, tp)
         self.packed_head: PackedWeight | None = None
+        # the checkpoint's fp8 scheme (model/fp8.py); the runner sets --quantization fp8's before loading
+        self.fp8_scheme: Fp8Scheme | None = fp8_scheme(config)
 
     def _head_weight(self) -> torch.Tensor:
         return (self.embed_tokens if self.lm_head is None else self.lm_head).weight
@@ -240,9 +243,17 @@ class LlamaForCausalLM(InferenceModule):
 
         The LM head gets its own packed copy: the embedding table it may share stays for token lookups.
         """
-        packed = sum(m.pack(row_invariant) for m in self.modules() if isinstance(m, PackableLinear))
+        block_k = self.fp8_scheme.block_k if self.fp8_scheme is not None else 0
+        packed = sum(m.pack(row_invariant, block_k) for m in self.modules() if isinstance(m, PackableLinear))
         self.packed_head = pack_weight(self._head_weight(), row_invariant)
         return packed + (self.packed_head is not None)
+
+    def dequantize_fp8_weights(self) -> None:
+        """Every fp8 weight not packed for the CPU's fp8 kernel as a plain weight in the model's dtype (CUDA; other
+        CPUs and dtypes dequantize as they pack)."""
+        for m in self.modules():
+            if isinstance(m, PackableLinear) and self.fp8_scheme is not None:
+                m.dequantize_fp8(self.fp8_scheme.block_k)
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Logits (fp32) at ``batch.logits_indices``; with ``batch.return_hidden`` the final norm's output at those
@@ -272,7 +283,7 @@ class LlamaForCausalLM(InferenceModule):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         modules = dict(self.named_modules())
         seen: set[str] = set()
-        for name, tensor in _unfused(_expert_tensors(weights), self.config):
+        for name, tensor in _unfused(_expert_tensors(fp8_tensors(weights, self.fp8_scheme)), self.config):
             if name.startswith("model."):
                 name = name[len("model.") :]
             if "rotary_emb" in name:
@@ -292,7 +303,8 @@ class LlamaForCausalLM(InferenceModule):
                 module.load_shard(param, tensor, index)
             else:
                 getattr(module, param).data.copy_(tensor)
-            seen.add(f"{module_path}.{param}.{index}")
+            if param != "weight_scale":  # an fp8 weight's scales, which model/fp8.py pairs with its bits
+                seen.add(f"{module_path}.{param}.{index}")
         expected = sum(
             len(getattr(m, "local_sizes", [0])) if n.endswith(("qkv_proj", "gate_up_proj")) else 1
             for n, m in self.named_modules()
@@ -332,14 +344,15 @@ def _expert_tensors(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tup
 
 def _unfused(weights: Iterable[tuple[str, torch.Tensor]], config) -> Iterator[tuple[str, torch.Tensor]]:
     """A checkpoint's tensors with Phi-3's fused projections split into the ones the other families store:
-    ``self_attn.qkv_proj.weight`` into q, k and v, ``mlp.gate_up_proj.weight`` into gate and up."""
+    ``self_attn.qkv_proj.weight`` into q, k and v, ``mlp.gate_up_proj.weight`` into gate and up (an fp8 weight's
+    per-row ``weight_scale`` with it)."""
     d = head_dim_of(config)
     qkv = [config.num_attention_heads * d, config.num_key_value_heads * d, config.num_key_value_heads * d]
     for name, tensor in weights:
-        if name.endswith(".self_attn.qkv_proj.weight"):
+        if name.endswith((".self_attn.qkv_proj.weight", ".self_attn.qkv_proj.weight_scale")):
             for proj, part in zip(("q_proj", "k_proj", "v_proj"), tensor.split(qkv)):
                 yield name.replace(".qkv_proj.", f".{proj}."), part
-        elif name.endswith(".mlp.gate_up_proj.weight"):
+        elif name.endswith((".mlp.gate_up_proj.weight", ".mlp.gate_up_proj.weight_scale")):
             gate, up = tensor.chunk(2, dim=0)
             yield name.replace(".gate_up_proj.", ".gate_proj."), gate
             yield name.replace(".gate_up_proj.", ".up_proj."), up

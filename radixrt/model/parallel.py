@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixrt.model.cpu_linear import PackedWeight, pack_weight, packed_linear
+from radixrt.model.cpu_linear import PackedWeight, pack_fp8_weight, pack_weight, packed_linear
+from radixrt.model.fp8 import Fp8Weight
 from radixrt.model.module import InferenceModule
 
 
@@ -64,19 +65,60 @@ def _param(shape: tuple[int, ...]) -> nn.Parameter:
 
 
 class PackableLinear(InferenceModule):
-    """A linear map whose weight can be swapped, after loading, for a CPU-prepacked copy (cpu_linear)."""
+    """A linear map whose weight can be swapped, after loading, for a CPU-prepacked copy (cpu_linear). Its weight may
+    come as fp8 (``model/fp8.py``): bits and per-row scales loaded shard by shard into ``fp8``, the float weight a
+    placeholder until :meth:`pack` or :meth:`dequantize_fp8` makes the weight the layer runs."""
 
     weight: nn.Parameter | None
     packed: PackedWeight | None = None
+    fp8: Fp8Weight | None = None
 
-    def pack(self, row_invariant: bool = False) -> bool:
+    def pack(self, row_invariant: bool = False, block_k: int = 0) -> bool:
         """Prepack the weight for the CPU and free the plain copy; False where this CPU/dtype has no kernel.
-        ``row_invariant``: see :func:`cpu_linear.pack_weight`."""
+        ``row_invariant``: see :func:`cpu_linear.pack_weight`. An fp8 weight (scales in blocks of ``block_k``
+        inputs) takes the fp8 kernel where it runs, else is dequantized and packed as any other."""
+        if self.fp8 is not None:
+            fp8 = self.fp8
+            packed = pack_fp8_weight(fp8.bits, fp8.scales, block_k, fp8.k_offset, self.weight.dtype)
+            if packed is not None:
+                self.packed, self.weight, self.fp8 = packed, None, None
+                return True
+            self.dequantize_fp8(block_k)
         packed = pack_weight(self.weight, row_invariant)
         if packed is None:
             return False
         self.packed, self.weight = packed, None
         return True
+
+    def dequantize_fp8(self, block_k: int) -> None:
+        """An fp8 weight as a plain one in the layer's dtype (that of its placeholder: the model's)."""
+        if self.fp8 is not None:
+            self.weight = nn.Parameter(self.fp8.dequantize(block_k, self.weight.dtype), requires_grad=False)
+            self.fp8 = None
+
+    def _fp8_target(self, name: str, loaded: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        """Where an fp8 shard goes (``name``: ``weight``, its bits, or ``weight_scale``): the layer's fp8 bits
+        ``[rows, cols]`` or its scales ``[rows, blocks]``, made on the first shard (the float weight becomes a
+        placeholder then)."""
+        if self.fp8 is None:
+            if getattr(self, "_float_loaded", False):
+                raise ValueError("a merged projection mixes fp8 and unquantized parts")
+            device = self.weight.device
+            self.fp8 = Fp8Weight(torch.zeros((rows, cols), dtype=torch.uint8, device=device),
+                                 torch.zeros((rows, 0), dtype=torch.float32, device=device))
+            self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype, device=device), requires_grad=False)
+        if name == "weight":
+            return self.fp8.bits
+        if self.fp8.scales.shape[1] != loaded.shape[1]:
+            self.fp8.scales = torch.zeros((rows, loaded.shape[1]), dtype=torch.float32, device=self.fp8.bits.device)
+        return self.fp8.scales
+
+    def _float_target(self, name: str) -> torch.Tensor:
+        if name == "weight":
+            if self.fp8 is not None:
+                raise ValueError("a merged projection mixes fp8 and unquantized parts")
+            self._float_loaded = True
+        return (self.weight if name == "weight" else self.bias).data
 
     def product(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x W^T (+ bias)`` with this rank's weight, no collective: under tensor parallelism a row-split layer's
@@ -102,14 +144,20 @@ class ColumnParallelLinear(PackableLinear):
                 raise ValueError(f"an output of {size} does not split over {tp.size} ranks ({r} per shard)")
         self.tp = tp
         self.local_sizes = [size * r // tp.size for size, r in zip(output_sizes, self.replicas)]
+        self.in_features = in_features
         self.weight = _param((sum(self.local_sizes), in_features))
         self.bias = _param((sum(self.local_sizes),)) if bias else None
 
     def load_shard(self, name: str, loaded: torch.Tensor, index: int = 0) -> None:
-        param = self.weight if name == "weight" else self.bias
+        """``name``: ``weight``, ``bias``, or an fp8 weight's ``weight`` (uint8 bits) and ``weight_scale``."""
+        rows = sum(self.local_sizes)
+        if name == "weight_scale" or loaded.dtype == torch.uint8:
+            target = self._fp8_target(name, loaded, rows, self.in_features)
+        else:
+            target = self._float_target(name)
         offset = sum(self.local_sizes[:index])
         size = self.local_sizes[index]
-        param.data[offset : offset + size].copy_(self.tp.shard(loaded, 0, self.replicas[index]))
+        target[offset : offset + size].copy_(self.tp.shard(loaded, 0, self.replicas[index]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.product(x, self.bias)
@@ -123,14 +171,20 @@ class RowParallelLinear(PackableLinear):
         if in_features % tp.size:
             raise ValueError(f"an input of {in_features} does not split over {tp.size} ranks")
         self.tp = tp
-        self.weight = _param((out_features, in_features // tp.size))
+        self.out_features, self.local_in = out_features, in_features // tp.size
+        self.weight = _param((out_features, self.local_in))
         self.bias = _param((out_features,)) if bias else None
 
     def load_shard(self, name: str, loaded: torch.Tensor, index: int = 0) -> None:
-        if name == "weight":
-            self.weight.data.copy_(self.tp.shard(loaded, 1))
+        """``name``: ``weight``, ``bias``, or an fp8 weight's ``weight`` (uint8 bits) and ``weight_scale`` (all of
+        its blocks: the shard's first input, ``k_offset``, picks its own)."""
+        if name == "weight_scale":
+            self._fp8_target(name, loaded, self.out_features, self.local_in).copy_(loaded)
+        elif loaded.dtype == torch.uint8:
+            self._fp8_target(name, loaded, self.out_features, self.local_in).copy_(self.tp.shard(loaded, 1))
+            self.fp8.k_offset = self.tp.rank * self.local_in
         else:
-            self.bias.data.copy_(loaded)
+            self._float_target(name).copy_(self.tp.shard(loaded, 1) if name == "weight" else loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.tp.all_reduce(self.product(x))

@@ -32,6 +32,7 @@ from radixrt.model.cuda_graph import CudaGraphFactory, GraphFactory, GraphRunner
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.lora import Adapters
 from radixrt.model.families import model_class, served_config, text_model_tensors
+from radixrt.model.fp8 import fp8_scheme
 from radixrt.model.llama import (
     check_tensor_parallel,
     head_dim_of,
@@ -149,6 +150,7 @@ class ModelRunner:
         enable_lora: bool = False,
         lora_adapters: list[tuple[str, str]] | None = None,
         max_lora_rank: int | None = None,
+        quantization: str | None = None,
     ) -> None:
         started = time.perf_counter()
         self.model_path = Path(model_path)
@@ -168,10 +170,12 @@ class ModelRunner:
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(self.device):
             self.model = model_class(self.config)(self.config, max_positions=self.context_length, tp=tp)
+        self.model.fp8_scheme = fp8_scheme(self.config, quantization)
         self.model.load_weights(text_model_tensors(iterate_safetensors(self.model_path)))
         self.model.to(self.dtype)
         self.model.eval()
         self.packed_linears = self.model.pack_linear_weights(deterministic) if self.device.type == "cpu" else 0
+        self.model.dequantize_fp8_weights()  # those no fp8 kernel runs here (on CUDA all)
         self.model.bind_attributes()  # the model is final: its weights are read as plain attributes
         self.adapters: Adapters | None = None
         if enable_lora or lora_adapters:
@@ -258,7 +262,7 @@ class ModelRunner:
                    disable_cuda_graph=args.disable_cuda_graph,
                    deterministic=args.enable_deterministic_inference,
                    enable_lora=args.enable_lora, lora_adapters=args.lora_adapters(),
-                   max_lora_rank=args.max_lora_rank,
+                   max_lora_rank=args.max_lora_rank, quantization=args.quantization,
                    cuda_graph_max_bs=args.cuda_graph_max_bs or min(args.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS))
 
     def _pages_per_rank(self, layout: KVLayout, kv_memory_gb: float | None, world: TPWorld) -> int:
