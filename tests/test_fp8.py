@@ -201,3 +201,18 @@ def test_a_checkpoint_of_another_quantization_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="quantized with 'gptq' are not supported"):
         ModelRunner(tmp_path, dtype="float32", page_size=4, num_pages=16)
+
+
+def test_static_activation_scales_are_read_and_ignored(tmp_path):
+    # weight-only: a checkpoint quantized for static fp8 activations gives the same logits as without its scales,
+    # as transformers' dequantized CPU model does
+    save_tiny_model("llama", tmp_path / "float")
+    save_fp8_checkpoint(tmp_path / "float", tmp_path / "fp8", (32, 32))
+    want = run_ours(ModelRunner(tmp_path / "fp8", dtype="float32", page_size=4, num_pages=64), PROMPTS, "one_extend")
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    config["quantization_config"]["activation_scheme"] = "static"
+    (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
+    _rewrite(tmp_path / "fp8", lambda t: t.update({"model.layers.0.self_attn.q_proj.activation_scale": torch.tensor(2.0),
+                                                   "model.layers.1.mlp.down_proj.input_scale": torch.tensor(3.0)}))
+    got = run_ours(ModelRunner(tmp_path / "fp8", dtype="float32", page_size=4, num_pages=64), PROMPTS, "one_extend")
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
