@@ -397,6 +397,15 @@ def linear_fp8(x: torch.Tensor, panels: torch.Tensor, scales: torch.Tensor, bloc
                  int(out_features), bias)
 
 
+def linear_fp8_grouped(x: torch.Tensor, panels: list[torch.Tensor], scales: list[torch.Tensor], bounds: list[int],
+                       block_k: int, k_offset: int, out_features: int) -> torch.Tensor:
+    """Rows ``bounds[e]:bounds[e + 1]`` of ``x`` times fp8 weight ``e`` (:func:`pack_linear_fp8`'s panels and scales,
+    all of one shape and blocking) into the same rows of the output, in one parallel region: each row gets
+    :func:`linear_fp8`'s bits."""
+    return _call("radixrt::linear_fp8_grouped", _module().linear_fp8_grouped, x, panels, scales, bounds, int(block_k),
+                 int(k_offset), int(out_features))
+
+
 @lru_cache(maxsize=1)
 def linear_amx_usable() -> bool:
     """Whether :func:`linear_amx` runs here: built for a CPU with AMX-BF16, and the tile registers granted."""

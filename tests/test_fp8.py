@@ -216,3 +216,23 @@ def test_static_activation_scales_are_read_and_ignored(tmp_path):
                                                    "model.layers.1.mlp.down_proj.input_scale": torch.tensor(3.0)}))
     got = run_ours(ModelRunner(tmp_path / "fp8", dtype="float32", page_size=4, num_pages=64), PROMPTS, "one_extend")
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@needs_kernels
+def test_grouped_products_give_each_rows_linear_fp8_bits():
+    # a mixture-of-experts layer's fp8 experts in one call: empty ranges, one row, and a range past a 256-row block
+    torch.manual_seed(3)
+    weights = []
+    for _ in range(4):
+        scales = torch.rand(40, 3) * 0.01 + 1e-4
+        weights.append(cpu_kernels.pack_linear_fp8(random_bits(40, 96), scales))
+    bounds = [0, 0, 1, 300, 305]
+    x = torch.randn(bounds[-1], 96).to(torch.bfloat16)
+    got = cpu_kernels.linear_fp8_grouped(x, [w[0] for w in weights], [w[1] for w in weights], bounds, 32, 0, 40)
+    want = torch.cat([cpu_kernels.linear_fp8(x[a:b], panels, scales, 32, 0, 40)
+                      for (panels, scales), a, b in zip(weights, bounds, bounds[1:])])
+    assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="same shape"):
+        cpu_kernels.linear_fp8_grouped(x[:2], [weights[0][0], cpu_kernels.pack_linear_fp8(random_bits(40, 64),
+                                                                                          torch.ones(40, 2))[0]],
+                                       [weights[0][1], weights[1][1]], [0, 1, 2], 32, 0, 40)

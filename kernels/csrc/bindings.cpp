@@ -30,6 +30,8 @@ at::Tensor linear_bf16_grouped(at::Tensor x, std::vector<at::Tensor> panels, std
                                int64_t out_features);
 at::Tensor linear_fp8(at::Tensor x, at::Tensor panels, at::Tensor scales, int64_t block_k, int64_t k_offset,
                       int64_t out_features, c10::optional<at::Tensor> bias);
+at::Tensor linear_fp8_grouped(at::Tensor x, std::vector<at::Tensor> panels, std::vector<at::Tensor> scales,
+                              std::vector<int64_t> bounds, int64_t block_k, int64_t k_offset, int64_t out_features);
 at::Tensor linear_amx(at::Tensor x, at::Tensor panels, int64_t out_features, c10::optional<at::Tensor> bias,
                       bool fp32_out);
 bool linear_amx_usable();
@@ -55,6 +57,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16_built", &linear_bf16_built, "whether linear_bf16 multiplies with vdpbf16ps in this build");
   m.def("linear_fp8", &linear_fp8,
         "x W^T (+ b) in bf16 with W as fp8 panels and block scales, dequantized a panel group at a time (vdpbf16ps)");
+  m.def("linear_fp8_grouped", &linear_fp8_grouped,
+        "linear_fp8 over consecutive row ranges of x, each through its own fp8 weight, in one parallel region");
   m.def("linear_amx", &linear_amx, "linear_bf16's product on AMX tiles over the same panels (K a multiple of 32)");
   m.def("linear_amx_usable", &linear_amx_usable, "whether this build has the AMX path and the tiles are granted");
   m.def("rotary_embedding", &rotary_embedding, "neox-style rotary embedding of q and k, in place");

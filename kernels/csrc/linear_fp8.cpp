@@ -113,48 +113,101 @@ void dequantize_panel(const uint8_t* src, const float* scales, int64_t half_k, i
   }
 }
 
+// One fp8 weight's panels and scales, and how its inputs map to scale blocks.
+struct Fp8Panels {
+  const uint8_t* panels;
+  const float* scales;  // [num_panels][blocks][16]
+  int64_t num_panels, half_k, blocks, block_k, k_offset;
+};
+
+Fp8Panels check_fp8_panels(const at::Tensor& panels, const at::Tensor& scales, int64_t block_k, int64_t k_offset) {
+  TORCH_CHECK(panels.scalar_type() == at::kByte && panels.dim() == 4 && panels.size(2) == kCols &&
+                  panels.size(3) == 2 && panels.is_contiguous(), "panels must be fp8 bits [P, K/2, 16, 2]");
+  TORCH_CHECK(block_k > 0 && block_k % 2 == 0 && k_offset % 2 == 0 && k_offset >= 0,
+              "block_k and k_offset must be even (a pair of inputs never spans two scale blocks)");
+  const int64_t num_panels = panels.size(0), half_k = panels.size(1);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 3 && scales.size(0) == num_panels &&
+                  scales.size(2) == kCols && scales.is_contiguous(), "scales must be fp32 [P, blocks, 16]");
+  TORCH_CHECK(scales.size(1) * block_k > k_offset + 2 * half_k - 1, "the scales cover fewer inputs than the weight has");
+  return {panels.data_ptr<uint8_t>(), scales.data_ptr<float>(), num_panels, half_k, scales.size(1), block_k, k_offset};
+}
+
+// Panel group g of `w` dequantized into this thread's buffer, then against rows [r0, r0 + rows) of x.
+void fp8_group(const Fp8Panels& w, int64_t g, const c10::BFloat16* xp, int64_t ldx, const float* bp,
+               c10::BFloat16* op, int64_t out_features, int64_t r0, int64_t rows) {
+  thread_local std::vector<uint32_t> buffer;
+  buffer.resize(kTilePanels * w.half_k * kCols);
+  const int64_t p0 = g * kTilePanels, np = std::min<int64_t>(kTilePanels, w.num_panels - p0);
+  const int64_t panel_bytes = w.half_k * kCols * 2;
+  for (int64_t p = 0; p < np; ++p) {
+    dequantize_panel(w.panels + (p0 + p) * panel_bytes, w.scales + (p0 + p) * w.blocks * kCols, w.half_k, w.block_k,
+                     w.k_offset, buffer.data() + p * w.half_k * kCols);
+  }
+  const int64_t col0 = p0 * kCols, ncols = std::min(np * kCols, out_features - col0);
+  group_tiles<false>(xp, ldx, buffer.data(), np, w.half_k, bp != nullptr ? bp + col0 : nullptr, op, out_features,
+                     col0, ncols, r0, rows);
+}
+
 }  // namespace
 
 // x [..., K] bf16 (rows contiguous) times fp8 panels [P, K/2, 16, 2] (uint8 bits) with scales [P, blocks, 16]
 // (fp32): [..., out_features] bf16; bias fp32/bf16 [out].
 at::Tensor linear_fp8(at::Tensor x, at::Tensor panels, at::Tensor scales, int64_t block_k, int64_t k_offset,
                       int64_t out_features, c10::optional<at::Tensor> bias) {
-  TORCH_CHECK(panels.scalar_type() == at::kByte && panels.dim() == 4 && panels.size(2) == kCols &&
-                  panels.size(3) == 2 && panels.is_contiguous(), "panels must be fp8 bits [P, K/2, 16, 2]");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "x must be bf16");
-  TORCH_CHECK(block_k > 0 && block_k % 2 == 0 && k_offset % 2 == 0 && k_offset >= 0,
-              "block_k and k_offset must be even (a pair of inputs never spans two scale blocks)");
-  const int64_t num_panels = panels.size(0), half_k = panels.size(1), k = 2 * half_k;
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 3 && scales.size(0) == num_panels &&
-                  scales.size(2) == kCols && scales.is_contiguous(), "scales must be fp32 [P, blocks, 16]");
-  TORCH_CHECK(scales.size(1) * block_k > k_offset + k - 1, "the scales cover fewer inputs than the weight has");
-  const radixrt::PanelProduct product = radixrt::check_panel_shape(x, k, num_panels, out_features, bias, kCols);
+  const Fp8Panels w = check_fp8_panels(panels, scales, block_k, k_offset);
+  const int64_t k = 2 * w.half_k;
+  const radixrt::PanelProduct product = radixrt::check_panel_shape(x, k, w.num_panels, out_features, bias, kCols);
   auto x2 = x.reshape({-1, k});
   if (x2.stride(1) != 1 || x2.stride(0) < k) x2 = x2.contiguous();
-  const int64_t rows = x2.size(0), ldx = x2.stride(0), blocks = scales.size(1);
+  const int64_t rows = x2.size(0), ldx = x2.stride(0);
   auto out = at::empty({rows, out_features}, x.options());
   const auto* xp = x2.data_ptr<c10::BFloat16>();
-  const auto* wp = panels.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
   const float* bp = product.bias.defined() ? product.bias.data_ptr<float>() : nullptr;
   auto* op = out.data_ptr<c10::BFloat16>();
-  const int64_t groups = (num_panels + kTilePanels - 1) / kTilePanels, panel_bytes = half_k * kCols * 2;
+  const int64_t groups = (w.num_panels + kTilePanels - 1) / kTilePanels;
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int64_t block = std::min(kRowBlock, rows - r0);
     at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-      thread_local std::vector<uint32_t> buffer;
-      buffer.resize(kTilePanels * half_k * kCols);
-      for (int64_t g = begin; g < end; ++g) {
-        const int64_t p0 = g * kTilePanels, np = std::min<int64_t>(kTilePanels, num_panels - p0);
-        for (int64_t p = 0; p < np; ++p) {
-          dequantize_panel(wp + (p0 + p) * panel_bytes, sp + (p0 + p) * blocks * kCols, half_k, block_k, k_offset,
-                           buffer.data() + p * half_k * kCols);
-        }
-        const int64_t col0 = p0 * kCols, ncols = std::min(np * kCols, out_features - col0);
-        group_tiles<false>(xp, ldx, buffer.data(), np, half_k, bp != nullptr ? bp + col0 : nullptr, op,
-                           out_features, col0, ncols, r0, block);
-      }
+      for (int64_t g = begin; g < end; ++g) fp8_group(w, g, xp, ldx, bp, op, out_features, r0, block);
     });
   }
   return out.view(product.out_shape);
+}
+
+// Several fp8 products of one shape in one parallel region (linear_bf16_grouped's over fp8 panels): rows
+// [bounds[e], bounds[e + 1]) of x times weight e, into the same rows of the output; each row gets linear_fp8's bits.
+at::Tensor linear_fp8_grouped(at::Tensor x, std::vector<at::Tensor> panels, std::vector<at::Tensor> scales,
+                              std::vector<int64_t> bounds, int64_t block_k, int64_t k_offset, int64_t out_features) {
+  TORCH_CHECK(!panels.empty() && scales.size() == panels.size() && bounds.size() == panels.size() + 1,
+              "one scales tensor a weight, and one more bound than weights");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be 2-D bf16");
+  TORCH_CHECK(bounds.front() == 0 && bounds.back() == x.size(0), "bounds must cover x's rows");
+  std::vector<Fp8Panels> weights;
+  for (size_t e = 0; e < panels.size(); ++e) {
+    weights.push_back(check_fp8_panels(panels[e], scales[e], block_k, k_offset));
+    TORCH_CHECK(weights[e].num_panels == weights[0].num_panels && weights[e].half_k == weights[0].half_k &&
+                    weights[e].blocks == weights[0].blocks, "every weight must have the same shape");
+    TORCH_CHECK(bounds[e] <= bounds[e + 1], "bounds must not decrease");
+  }
+  radixrt::check_panel_shape(x, 2 * weights[0].half_k, weights[0].num_panels, out_features, c10::nullopt, kCols);
+  auto x2 = x.stride(1) == 1 && x.stride(0) >= x.size(1) ? x : x.contiguous();
+  auto out = at::empty({x2.size(0), out_features}, x.options());
+  const auto* xp = x2.data_ptr<c10::BFloat16>();
+  auto* op = out.data_ptr<c10::BFloat16>();
+  const int64_t ldx = x2.stride(0), groups = (weights[0].num_panels + kTilePanels - 1) / kTilePanels;
+  struct Block { int64_t weight, r0, rows; };
+  std::vector<Block> blocks;
+  for (size_t e = 0; e < weights.size(); ++e) {
+    for (int64_t r0 = bounds[e]; r0 < bounds[e + 1]; r0 += kRowBlock) {
+      blocks.push_back({static_cast<int64_t>(e), r0, std::min(kRowBlock, bounds[e + 1] - r0)});
+    }
+  }
+  at::parallel_for(0, static_cast<int64_t>(blocks.size()) * groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Block& b = blocks[i / groups];
+      fp8_group(weights[b.weight], i % groups, xp, ldx, nullptr, op, out_features, b.r0, b.rows);
+    }
+  });
+  return out;
 }

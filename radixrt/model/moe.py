@@ -7,8 +7,8 @@ does (the Qwen families; Mixtral scales in fp32 and rounds after).
 
 A forward sorts the batch's (token, expert) pairs by expert, gathers their rows once, and runs each expert the
 batch hits once over its slice, through the expert's own gate/up and down products (packed for the CPU like
-every projection; on the bf16 panel kernel every expert's product in one call; the activation runs once over all
-slices). The scaled outputs are added into each token's
+every projection; on the bf16 panel kernel or the fp8 one every expert's product in one call; the activation runs
+once over all slices). The scaled outputs are added into each token's
 row in ascending expert order, the order transformers adds them in. Experts no token chose cost nothing; a
 decode step of one token runs ``k`` of them.
 
@@ -140,9 +140,13 @@ class SparseMoeBlock(InferenceModule):
 
 def _per_expert(linears: list[PackableLinear], x: torch.Tensor, bounds: list[int]) -> torch.Tensor:
     """Rows ``bounds[e]:bounds[e + 1]`` of ``x`` through ``linears[e]`` (without bias or all-reduce), stacked: on the
-    bf16 panel kernel all of them in one call, else one product each."""
+    bf16 panel kernel or the fp8 one all of them in one call, else one product each."""
     packed = [linear.packed for linear in linears]
     if all(p is not None and p.kernel == "bf16" for p in packed):
         return cpu_kernels.linear_bf16_grouped(x, [p.data for p in packed], bounds, packed[0].out_features)
+    if all(p is not None and p.kernel == "fp8" for p in packed):  # one checkpoint: one blocking, one shard
+        first = packed[0]
+        return cpu_kernels.linear_fp8_grouped(x, [p.data for p in packed], [p.scales for p in packed], bounds,
+                                              first.block_k, first.k_offset, first.out_features)
     parts = [linear.product(x[a:b]) for linear, a, b in zip(linears, bounds, bounds[1:])]
     return torch.cat(parts) if len(parts) > 1 else parts[0]
