@@ -13,7 +13,7 @@ from radixrt.kernels import cpu_kernels
 from radixrt.model.fp8 import Fp8Scheme, fp8_scheme, quantize
 from radixrt.model.runner import ModelRunner
 from test_model_exact import PROMPTS, run_ours
-from tiny_models import dequantized, save_fp8_checkpoint, save_tiny_model
+from tiny_models import dequantized, save_compressed_tensors_checkpoint, save_fp8_checkpoint, save_tiny_model
 
 needs_kernels = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C++ CPU kernels did not build")
 
@@ -183,7 +183,7 @@ def _rewrite(folder, change) -> None:
 
 @pytest.mark.parametrize("change,message", [
     (lambda t: t.pop("model.layers.0.mlp.up_proj.weight_scale_inv"), "do not pair up"),
-    (lambda t: t.__setitem__("model.layers.1.self_attn.o_proj.weight_scale_inv", torch.ones(3, 3)), "expected"),
+    (lambda t: t.__setitem__("model.layers.1.self_attn.o_proj.weight_scale_inv", torch.ones(3, 3)), "fp8 scales of shape"),
     (lambda t: t["model.layers.0.self_attn.q_proj.weight"].view(torch.uint8).__setitem__((0, 0), 0x7F), "NaN"),
 ])
 def test_a_broken_fp8_checkpoint_is_refused_with_the_reason(tmp_path, change, message):
@@ -236,3 +236,30 @@ def test_grouped_products_give_each_rows_linear_fp8_bits():
         cpu_kernels.linear_fp8_grouped(x[:2], [weights[0][0], cpu_kernels.pack_linear_fp8(random_bits(40, 64),
                                                                                           torch.ones(40, 2))[0]],
                                        [weights[0][1], weights[1][1]], [0, 1, 2], 32, 0, 40)
+
+
+@pytest.mark.parametrize("strategy", ["tensor", "channel", "block"])
+def test_a_compressed_tensors_fp8_checkpoint_gives_its_dequantized_checkpoints_logits(tmp_path, strategy):
+    # llm-compressor's FP8 layouts, bf16 scales: fp32 logits equal those of the weights dequantized in plain torch,
+    # and so do bf16 ones (on the fp8 kernel where it runs)
+    save_tiny_model("qwen3", tmp_path / "float")
+    save_compressed_tensors_checkpoint(tmp_path / "float", tmp_path / "fp8", strategy)
+    dequantized(tmp_path / "fp8", tmp_path / "dequantized", (32, 32) if strategy == "block" else None)
+    for dtype in ("float32", "bfloat16"):
+        ours = ModelRunner(tmp_path / "fp8", dtype=dtype, page_size=4, num_pages=64)
+        plain = ModelRunner(tmp_path / "dequantized", dtype=dtype, page_size=4, num_pages=64)
+        for a, b in zip(run_ours(ours, PROMPTS, "prefix_then_rest"), run_ours(plain, PROMPTS, "prefix_then_rest")):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("weights,message", [
+    ({"num_bits": 8, "type": "int", "strategy": "channel"}, "8-bit int weights"),
+    ({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}, "4-bit int weights"),
+    ({"num_bits": 8, "type": "float", "strategy": "group", "group_size": 128}, "by 'group'"),
+    ({"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": False}, "asymmetric"),
+])
+def test_compressed_tensors_schemes_radixrt_does_not_run_are_refused(weights, message):
+    config = types.SimpleNamespace(quantization_config={"quant_method": "compressed-tensors",
+                                                        "config_groups": {"group_0": {"weights": weights}}})
+    with pytest.raises(ValueError, match=message):
+        fp8_scheme(config)

@@ -120,8 +120,51 @@ def save_fp8_checkpoint(source: Path, folder: Path, block: tuple[int, int], quan
     (folder / "config.json").write_text(json.dumps(model_config))
 
 
-def dequantized(fp8_folder: Path, folder: Path, block: tuple[int, int]) -> None:
-    """An fp8 checkpoint dequantized in plain torch (each fp8 value times its block's scale in fp32, partial blocks
+def save_compressed_tensors_checkpoint(source: Path, folder: Path, strategy: str) -> None:
+    """``source``'s checkpoint as llm-compressor writes an FP8 one (``quant_method: compressed-tensors``): every
+    projection of its layers in fp8 with a bf16 ``weight_scale`` per tensor, per output channel or per 32 x 32
+    block (``strategy``), each scale its rows' largest magnitude / 448; the LM head and embeddings left alone."""
+    import json
+    import re
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from radixrt.model.fp8 import FP8_MAX, quantize
+
+    tensors = {}
+    for name, tensor in load_file(source / "model.safetensors").items():
+        if not re.search(r"layers\.\d+\..*_proj\.weight$", name):
+            tensors[name] = tensor
+            continue
+        if strategy == "block":
+            bits, scale = quantize(tensor, (32, 32))
+            scale = scale.to(torch.bfloat16)
+        else:
+            amax = tensor.abs().amax() if strategy == "tensor" else tensor.abs().amax(dim=1, keepdim=True)
+            scale = (amax / FP8_MAX).to(torch.bfloat16)
+            bits = (tensor / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+        tensors[name] = bits.view(torch.float8_e4m3fn)
+        tensors[name.replace(".weight", ".weight_scale")] = scale.reshape(1) if strategy == "tensor" else scale
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    for extra in source.iterdir():
+        if extra.suffix != ".safetensors" and extra.name != "config.json" and extra.is_file():
+            shutil.copy(extra, folder / extra.name)
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": strategy,
+               "block_structure": [32, 32] if strategy == "block" else None}
+    activations = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "token"}
+    model_config = json.loads((source / "config.json").read_text())
+    model_config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": activations}},
+        "ignore": ["lm_head"]}
+    (folder / "config.json").write_text(json.dumps(model_config))
+
+
+def dequantized(fp8_folder: Path, folder: Path, block: tuple[int, int] | None) -> None:
+    """An fp8 checkpoint (``weight_scale_inv`` or compressed-tensors' ``weight_scale``: one a tensor, one a row, or
+    one per ``block``) dequantized in plain torch (each fp8 value times its scale in fp32, partial blocks
     included) into an fp32 checkpoint without a quantization config: the reference radixrt's fp8 weights must
     equal."""
     import json
@@ -129,16 +172,19 @@ def dequantized(fp8_folder: Path, folder: Path, block: tuple[int, int]) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    bn, bk = block
     tensors = load_file(fp8_folder / "model.safetensors")
     out = {}
     for name, tensor in tensors.items():
-        if name.endswith("weight_scale_inv"):
+        if name.endswith(("weight_scale_inv", "weight_scale")):
             continue
         if tensor.dtype == torch.float8_e4m3fn:
-            scales = tensors[name + "_scale_inv"]
+            scales = tensors.get(name + "_scale_inv", tensors.get(name + "_scale")).float()
             rows, cols = tensor.shape
-            grid = scales.repeat_interleave(bn, 0)[:rows].repeat_interleave(bk, 1)[:, :cols]
+            if scales.numel() == 1 or scales.shape == (rows, 1):
+                grid = scales.reshape(-1, 1)
+            else:
+                bn, bk = block
+                grid = scales.repeat_interleave(bn, 0)[:rows].repeat_interleave(bk, 1)[:, :cols]
             out[name] = tensor.float() * grid
         else:
             out[name] = tensor

@@ -1,9 +1,12 @@
-"""FP8 (e4m3) weights: block-wise quantized checkpoints and the same quantization applied at load.
+"""FP8 (e4m3) weights: quantized checkpoints and the same quantization applied at load.
 
 A checkpoint whose config says ``quantization_config: {"quant_method": "fp8", "weight_block_size": [bn, bk]}``
 (Qwen3's and DeepSeek's FP8 releases; no ``weight_block_size``: one scale a tensor) stores each quantized linear
 weight as ``float8_e4m3fn`` beside ``weight_scale_inv``, one fp32 scale per block of ``bn`` outputs by ``bk``
-inputs (the last blocks partial where a dimension is not a multiple). ``--quantization fp8`` quantizes an
+inputs (the last blocks partial where a dimension is not a multiple). A compressed-tensors checkpoint
+(``quant_method: compressed-tensors``, llm-compressor's ``FP8`` / ``FP8-dynamic`` / ``FP8-block`` releases) with
+8-bit float weights stores ``weight_scale`` beside each: one number a tensor, one per output channel ``[out, 1]``,
+or one per block of its groups' ``block_structure``. ``--quantization fp8`` quantizes an
 unquantized checkpoint's projections the same way as they are read (128 x 128 blocks, each block's largest
 magnitude mapped to 448, as transformers' FP8 quantizer does).
 
@@ -83,18 +86,44 @@ def fp8_scheme(config, quantization: str | None = None) -> Fp8Scheme | None:
         return Fp8Scheme(ONLINE_BLOCK, online=True) if quantization == "fp8" else None
     qc = qc if isinstance(qc, dict) else qc.to_dict()
     method = qc.get("quant_method")
+    if method == "compressed-tensors":
+        return Fp8Scheme(_compressed_tensors_block(qc))
     if method != "fp8":
-        raise ValueError(f"checkpoints quantized with {method!r} are not supported (supported: fp8, block-wise or "
-                         "per tensor, e4m3)")
+        raise ValueError(f"checkpoints quantized with {method!r} are not supported (supported: fp8 and "
+                         "compressed-tensors' fp8 weights, e4m3)")
     if qc.get("fmt", "e4m3") != "e4m3":
         raise ValueError(f"fp8 format {qc.get('fmt')!r} is not supported (supported: e4m3)")
-    block = qc.get("weight_block_size")
-    if block is not None:
-        block = (int(block[0]), int(block[1]))
-        if block[0] < 1 or block[1] < 2 or block[1] % 2:
-            raise ValueError(f"an fp8 weight_block_size of {list(block)} is not supported (the input block must be "
-                             "even)")
-    return Fp8Scheme(block)
+    return Fp8Scheme(_checked_block(qc.get("weight_block_size")))
+
+
+def _checked_block(block) -> tuple[int, int] | None:
+    if block is None:
+        return None
+    block = (int(block[0]), int(block[1]))
+    if block[0] < 1 or block[1] < 2 or block[1] % 2:
+        raise ValueError(f"an fp8 block of {list(block)} is not supported (the input block must be even)")
+    return block
+
+
+def _compressed_tensors_block(qc: dict) -> tuple[int, int] | None:
+    """The blocks of a compressed-tensors checkpoint's fp8 weights (None: per tensor or per output channel); a
+    ``ValueError`` for any other scheme of its groups (integer or 4-bit weights, groups, asymmetric)."""
+    blocks = set()
+    for name, group in (qc.get("config_groups") or {}).items():
+        weights = group.get("weights") or {}
+        if weights.get("type") != "float" or weights.get("num_bits") != 8:
+            raise ValueError(f"compressed-tensors group {name!r} holds {weights.get('num_bits')}-bit "
+                             f"{weights.get('type')} weights: only 8-bit float (fp8) weights are supported")
+        strategy = weights.get("strategy")
+        if strategy not in ("tensor", "channel", "block") or weights.get("symmetric") is False:
+            raise ValueError(f"compressed-tensors group {name!r}: fp8 weights by {strategy!r}"
+                             f"{'' if weights.get('symmetric', True) else ', asymmetric'} are not supported "
+                             "(supported: symmetric, by tensor, channel or block)")
+        if strategy == "block":
+            blocks.add(_checked_block(weights.get("block_structure")))
+    if len(blocks) > 1:
+        raise ValueError(f"compressed-tensors groups with different fp8 blocks {sorted(blocks)} are not supported")
+    return blocks.pop() if blocks else None
 
 
 def fp8_tensors(weights: Iterable[tuple[str, torch.Tensor]], scheme: Fp8Scheme | None
@@ -122,8 +151,10 @@ def _joined(weights: Iterable[tuple[str, torch.Tensor]], scheme: Fp8Scheme) -> I
     for name, tensor in weights:
         if name.endswith(_IGNORED):
             continue
-        if name.endswith(".weight_scale_inv"):
-            key = name[: -len("_scale_inv")]
+        if name.endswith("_zero_point"):
+            raise ValueError(f"{name!r}: fp8 weights with a zero point (asymmetric) are not supported")
+        if name.endswith((".weight_scale_inv", ".weight_scale")):  # fp8's name; compressed-tensors'
+            key = name[: name.rindex("_scale")]
             pending_scales[key] = tensor
         elif tensor.dtype == torch.float8_e4m3fn:
             if tensor.dim() != 2:
@@ -145,20 +176,22 @@ def _joined(weights: Iterable[tuple[str, torch.Tensor]], scheme: Fp8Scheme) -> I
 
 
 def row_scales(grid: torch.Tensor, shape: torch.Size, scheme: Fp8Scheme, name: str) -> torch.Tensor:
-    """A weight's block scales ``[ceil(out / bn), ceil(in / bk)]`` (or one for the tensor) as one row per output,
-    fp32 ``[out, blocks]``."""
+    """A weight's scales as one row per output, fp32 ``[out, blocks]`` (one column without blocks): from one scale
+    for the tensor, one per output channel (``[out, 1]``), or one per block of the scheme's
+    (``[ceil(out / bn), ceil(in / bk)]``)."""
     out_features, in_features = shape
     grid = grid.float()
-    if scheme.block is None:
-        if grid.numel() != 1:
-            raise ValueError(f"{name!r}: a per-tensor fp8 scale must be one number, got shape {tuple(grid.shape)}")
-        return grid.reshape(1, 1).expand(out_features, 1).contiguous()
-    bn, bk = scheme.block
-    expected = (-(-out_features // bn), -(-in_features // bk))
-    if tuple(grid.shape) != expected:
-        raise ValueError(f"{name!r}: fp8 scales of shape {tuple(grid.shape)} for a weight {tuple(shape)} in blocks "
-                         f"of {list(scheme.block)}; expected {expected}")
-    return grid.repeat_interleave(bn, dim=0)[:out_features].contiguous()
+    blocks = 1 if scheme.block is None else -(-in_features // scheme.block[1])
+    if grid.numel() == 1:
+        return grid.reshape(1, 1).expand(out_features, blocks).contiguous()
+    if scheme.block is not None:
+        bn, bk = scheme.block
+        if tuple(grid.shape) == (-(-out_features // bn), blocks):
+            return grid.repeat_interleave(bn, dim=0)[:out_features].contiguous()
+    if grid.numel() == out_features and (grid.dim() == 1 or grid.shape[-1] == 1):
+        return grid.reshape(out_features, 1).expand(out_features, blocks).contiguous()
+    layout = f"in blocks of {list(scheme.block)}" if scheme.block is not None else "per tensor or per channel"
+    raise ValueError(f"{name!r}: fp8 scales of shape {tuple(grid.shape)} for a weight {tuple(shape)} {layout}")
 
 
 def quantize(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
