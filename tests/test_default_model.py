@@ -82,3 +82,29 @@ def test_eos_ends_generation(default_model_path, tokenizer):
     eos = eos_token_ids(default_model_path, tokenizer)
     (out,) = generate_ids(runner, [prompt], SamplingParams(max_new_tokens=200, temperature=0.0), eos)
     assert out[-1] in eos and len(out) < 200
+
+
+def test_fp8_at_load_gives_transformers_greedy_tokens_on_the_same_fp8_weights(default_model_path, tokenizer,
+                                                                               hf_greedy):
+    """``--quantization fp8`` through the Engine on the default model (its 576-wide projections end in partial
+    128-blocks; the tied embedding stays unquantized): in fp32 the greedy tokens of transformers running the
+    weights fp8 gives them (quantized and dequantized in plain torch), which are not the unquantized model's."""
+    from radixrt import Engine
+    from radixrt.model.fp8 import quantize
+
+    model = transformers_model(default_model_path, torch.float32)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.endswith("_proj") and isinstance(module, torch.nn.Linear):
+                bits, scales = quantize(module.weight, (128, 128))
+                rows, cols = bits.shape
+                grid = scales.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+                module.weight.copy_(bits.view(torch.float8_e4m3fn).float() * grid)
+    want = transformers_greedy(model, tokenizer)
+    prompts = [apply_chat_template(tokenizer, [{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
+    with Engine(model=str(default_model_path), dtype="float32", quantization="fp8", kv_memory_gb=0.25,
+                log_interval=0) as engine:
+        results = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 32, "temperature": 0,
+                                                                      "ignore_eos": True})
+    assert [r["output_ids"] for r in results] == want
+    assert want != hf_greedy
