@@ -269,3 +269,22 @@ def test_decode_batches_with_adapter_rows_run_eagerly_beside_graphs(family):
                                                              lora_uid=lora_uid)], 4))
         assert runner.graphs.replays == replays + (name is None), name
         assert (logits[0] - expected[name][2][-1]).abs().max().item() <= 1e-4, name
+
+
+def test_adapters_on_fp8_weights_give_the_dequantized_models_logits(family, tmp_path):
+    # the base model's projections in fp8 (on the fp8 kernel in bf16 where it runs), adapters as usual: each
+    # adapter's rows the bits they get over the weights the fp8 ones dequantize to
+    from tiny_models import dequantized, save_fp8_checkpoint
+
+    folder, adapters, _ = family
+    save_fp8_checkpoint(folder, tmp_path / "fp8", (16, 16), quantizer="radixrt")
+    dequantized(tmp_path / "fp8", tmp_path / "dequantized", (16, 16))
+    uids = None
+    runs = []
+    for model in (tmp_path / "fp8", tmp_path / "dequantized"):
+        runner = ModelRunner(model, dtype="bfloat16", page_size=4, num_pages=64, enable_lora=True,
+                             lora_adapters=[(n, str(p)) for n, p in adapters.items()])
+        uids = [0, *(runner.adapters.uid_of(n) for n in ("all", "some"))]
+        runs.append(run_ours(runner, PROMPTS, "mixed", lora_uids=uids))
+    for ours, ref in zip(*runs):
+        assert torch.equal(ours, ref)
