@@ -238,3 +238,16 @@ def test_scheduler_steps_on_the_runner_device(llama_model):
             assert [t for _, t in ours] == [t for _, t in ref]
             assert [lp for lp, _ in ours] == pytest.approx([lp for lp, _ in ref], abs=1e-5)
     assert len(want["greedy"]["logprobs"]) == 6 and len(want["greedy"]["prompt_logprobs"]) > 10
+
+
+def test_fp8_weights_are_dequantized_on_the_runner_device(tmp_path):
+    # off the CPU no fp8 kernel runs: the weights are dequantized at load, on the device, to the CPU's values
+    from tiny_models import save_fp8_checkpoint
+
+    save_tiny_model("qwen2-moe", tmp_path / "float")
+    save_fp8_checkpoint(tmp_path / "float", tmp_path / "fp8", (16, 16), quantizer="radixrt")
+    want = _forward_steps(tmp_path / "fp8", torch.device("cpu"))
+    with simulated_device() as device:
+        got = _forward_steps(tmp_path / "fp8", device)
+    for ours, ref in zip(got, want):
+        assert (ours - ref).abs().max().item() <= 1e-5
