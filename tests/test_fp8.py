@@ -183,7 +183,8 @@ def _rewrite(folder, change) -> None:
 
 @pytest.mark.parametrize("change,message", [
     (lambda t: t.pop("model.layers.0.mlp.up_proj.weight_scale_inv"), "do not pair up"),
-    (lambda t: t.__setitem__("model.layers.1.self_attn.o_proj.weight_scale_inv", torch.ones(3, 3)), "fp8 scales of shape"),
+    (lambda t: t.__setitem__("model.layers.1.self_attn.o_proj.weight_scale_inv", torch.ones(3, 3)),
+     "fp8 scales of shape"),
     (lambda t: t["model.layers.0.self_attn.q_proj.weight"].view(torch.uint8).__setitem__((0, 0), 0x7F), "NaN"),
 ])
 def test_a_broken_fp8_checkpoint_is_refused_with_the_reason(tmp_path, change, message):
@@ -212,8 +213,9 @@ def test_static_activation_scales_are_read_and_ignored(tmp_path):
     config = json.loads((tmp_path / "fp8" / "config.json").read_text())
     config["quantization_config"]["activation_scheme"] = "static"
     (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
-    _rewrite(tmp_path / "fp8", lambda t: t.update({"model.layers.0.self_attn.q_proj.activation_scale": torch.tensor(2.0),
-                                                   "model.layers.1.mlp.down_proj.input_scale": torch.tensor(3.0)}))
+    scales = {"model.layers.0.self_attn.q_proj.activation_scale": torch.tensor(2.0),
+              "model.layers.1.mlp.down_proj.input_scale": torch.tensor(3.0)}
+    _rewrite(tmp_path / "fp8", lambda t: t.update(scales))
     got = run_ours(ModelRunner(tmp_path / "fp8", dtype="float32", page_size=4, num_pages=64), PROMPTS, "one_extend")
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 

@@ -128,7 +128,8 @@ Fp8Panels check_fp8_panels(const at::Tensor& panels, const at::Tensor& scales, i
   const int64_t num_panels = panels.size(0), half_k = panels.size(1);
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.dim() == 3 && scales.size(0) == num_panels &&
                   scales.size(2) == kCols && scales.is_contiguous(), "scales must be fp32 [P, blocks, 16]");
-  TORCH_CHECK(scales.size(1) * block_k > k_offset + 2 * half_k - 1, "the scales cover fewer inputs than the weight has");
+  TORCH_CHECK(scales.size(1) * block_k > k_offset + 2 * half_k - 1,
+              "the scales cover fewer inputs than the weight has");
   return {panels.data_ptr<uint8_t>(), scales.data_ptr<float>(), num_panels, half_k, scales.size(1), block_k, k_offset};
 }
 
