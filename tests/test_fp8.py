@@ -186,6 +186,10 @@ def _rewrite(folder, change) -> None:
     (lambda t: t.__setitem__("model.layers.1.self_attn.o_proj.weight_scale_inv", torch.ones(3, 3)),
      "fp8 scales of shape"),
     (lambda t: t["model.layers.0.self_attn.q_proj.weight"].view(torch.uint8).__setitem__((0, 0), 0x7F), "NaN"),
+    (lambda t: (t.pop("model.layers.0.self_attn.k_proj.weight_scale_inv"),
+                t.__setitem__("model.layers.0.self_attn.k_proj.weight", torch.randn(32, 64))), "mixes fp8"),
+    (lambda t: t.__setitem__("model.layers.0.mlp.experts.gate_up_proj",
+                             torch.zeros(2, 8, 64).to(torch.float8_e4m3fn)), "3 dimensions"),
 ])
 def test_a_broken_fp8_checkpoint_is_refused_with_the_reason(tmp_path, change, message):
     save_tiny_model("llama", tmp_path / "float")
