@@ -50,6 +50,27 @@ def test_the_kernel_gives_the_bf16_kernels_bits_over_the_dequantized_weight(out_
 
 
 @needs_kernels
+@pytest.mark.parametrize("in_features,block_k,k_offset", [(576, 128, 0), (150, 36, 10), (64, 64, 0), (100, 14, 4)])
+def test_blocks_whose_columns_share_a_scale_give_the_same_bits(in_features, block_k, k_offset):
+    # one scale for every 16 outputs of a block (as 128-row blocks and per-tensor scales give): such blocks of 8
+    # k-pairs or more are looked up in a table of their 128 products, two k-pairs at a time, an odd last one and
+    # shorter blocks computed the other way; a panel with a column of another scale takes the other way too
+    torch.manual_seed(4)
+    out_features = 48
+    bits = random_bits(out_features, in_features)
+    blocks = (k_offset + in_features - 1) // block_k + 1
+    scales = (torch.rand(out_features // 16, blocks) * 0.02 + 1e-4).repeat_interleave(16, 0)
+    scales[40, 0] *= 1.5  # the third panel's first block is not shared
+    x = torch.randn(5, in_features).to(torch.bfloat16)
+    panels, panel_scales = cpu_kernels.pack_linear_fp8(bits, scales)
+    got = cpu_kernels.linear_fp8(x, panels, panel_scales, block_k, k_offset, out_features)
+    weight = reference_weight(bits, scales, block_k, k_offset)
+    assert torch.equal(got, cpu_kernels.linear_bf16(x, cpu_kernels.pack_linear_bf16(weight), out_features))
+    eye = torch.eye(in_features).to(torch.bfloat16)  # each weight on its own: the dequantized values themselves
+    assert torch.equal(cpu_kernels.linear_fp8(eye, panels, panel_scales, block_k, k_offset, out_features), weight.T)
+
+
+@needs_kernels
 def test_scales_of_256_and_more_take_the_exact_table():
     # the fast conversion folds 2^120 into the scale, which would overflow from 2^8 on: those blocks look values up
     torch.manual_seed(1)

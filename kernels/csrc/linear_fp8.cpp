@@ -67,6 +67,42 @@ struct Magnitudes {
 };
 #endif
 
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+// A block whose 16 columns share one scale s: the bf16 of every magnitude's value times s (the same products,
+// rounded the same way, as the multiplying path), as the low and the high bytes of the 128 results, so that two
+// vpermi2b look 64 codes up at once.
+struct ScaledTable {
+  __m512i low[2], high[2];  // bytes of the results for codes 0-63 and 64-127
+  ScaledTable(const Magnitudes& m, float scale) {
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int h = 0; h < 2; ++h) {
+      __m256i low_half[2], high_half[2];
+      for (int q = 0; q < 2; ++q) {
+        const float* v = m.values + 64 * h + 32 * q;
+        const __m512i words = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_load_ps(v + 16), s),
+                                                           _mm512_mul_ps(_mm512_load_ps(v), s));
+        low_half[q] = _mm512_cvtepi16_epi8(words);
+        high_half[q] = _mm512_cvtepi16_epi8(_mm512_srli_epi16(words, 8));
+      }
+      low[h] = _mm512_inserti64x4(_mm512_castsi256_si512(low_half[0]), low_half[1], 1);
+      high[h] = _mm512_inserti64x4(_mm512_castsi256_si512(high_half[0]), high_half[1], 1);
+    }
+  }
+  // 64 codes (two k-pairs of a panel) as their 64 bf16 results, in order, at `dst`
+  void dequantize64(const uint8_t* src, uint32_t* dst) const {
+    const __m512i codes = _mm512_loadu_si512(src);
+    const __m512i low = _mm512_permutex2var_epi8(this->low[0], codes, this->low[1]);
+    // the high byte takes the code's sign: bf16(-v * s) is -bf16(v * s)
+    const __m512i high = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(this->high[0], codes, this->high[1]),
+                                                   codes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);
+    // bytes interleave within 128-bit lanes: codes 0-7, 16-23, 32-39, 48-55 and 8-15, 24-31, 40-47, 56-63
+    const __m512i a = _mm512_unpacklo_epi8(low, high), b = _mm512_unpackhi_epi8(low, high);
+    _mm512_storeu_si512(dst, _mm512_permutex2var_epi64(a, _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), b));
+    _mm512_storeu_si512(dst + kCols, _mm512_permutex2var_epi64(a, _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4), b));
+  }
+};
+#endif
+
 // Panel `src` ([K/2][16][2] fp8) as bf16 pairs at `dst`, each weight times its column's scale for its block of k
 // (`scales`: [blocks][16]; k counted from k_offset, a row-split shard's first input).
 void dequantize_panel(const uint8_t* src, const float* scales, int64_t half_k, int64_t block_k, int64_t k_offset,
@@ -89,6 +125,16 @@ void dequantize_panel(const uint8_t* src, const float* scales, int64_t half_k, i
     const __m512 scale_hi = _mm512_permutexvar_ps(pick_hi, column_scales);
     const bool shifted = !daz && _mm512_cmp_ps_mask(_mm512_abs_ps(column_scales), _mm512_set1_ps(0x1p8f),
                                                     _CMP_NLT_UQ) == 0;
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+    const bool shared = _mm512_cmp_ps_mask(column_scales, _mm512_set1_ps(s[0]), _CMP_EQ_OQ) == 0xFFFF;
+    if (shared && end - kp >= 8) {  // the table costs about as much as 8 k-pairs the other way
+      const ScaledTable table(magnitudes, s[0]);
+      for (; kp + 2 <= end; kp += 2) {
+        __builtin_prefetch(src + 32 * kp + kPrefetchBytes, 0, 0);
+        table.dequantize64(src + 32 * kp, dst + kCols * kp);
+      }
+    }
+#endif
     if (shifted) {
       const __m512 lo = _mm512_mul_ps(scale_lo, two_120), hi = _mm512_mul_ps(scale_hi, two_120);
       for (; kp < end; ++kp) {
@@ -133,8 +179,10 @@ Fp8Panels check_fp8_panels(const at::Tensor& panels, const at::Tensor& scales, i
   return {panels.data_ptr<uint8_t>(), scales.data_ptr<float>(), num_panels, half_k, scales.size(1), block_k, k_offset};
 }
 
-// Panel group g of `w` dequantized into this thread's buffer, then against rows [r0, r0 + rows) of x.
-void fp8_group(const Fp8Panels& w, int64_t g, const c10::BFloat16* xp, int64_t ldx, const float* bp,
+// Panel group g of `w` dequantized into this thread's buffer, then against rows [r0, r0 + rows) of x. With
+// `has_next` the thread's next group's fp8 bytes stream in while the tiles compute (in the prefetching build),
+// so that memory and arithmetic overlap instead of taking turns.
+void fp8_group(const Fp8Panels& w, int64_t g, bool has_next, const c10::BFloat16* xp, int64_t ldx, const float* bp,
                c10::BFloat16* op, int64_t out_features, int64_t r0, int64_t rows) {
   thread_local std::vector<uint32_t> buffer;
   buffer.resize(kTilePanels * w.half_k * kCols);
@@ -145,8 +193,17 @@ void fp8_group(const Fp8Panels& w, int64_t g, const c10::BFloat16* xp, int64_t l
                      w.k_offset, buffer.data() + p * w.half_k * kCols);
   }
   const int64_t col0 = p0 * kCols, ncols = std::min(np * kCols, out_features - col0);
-  group_tiles<false>(xp, ldx, buffer.data(), np, w.half_k, bp != nullptr ? bp + col0 : nullptr, op, out_features,
-                     col0, ncols, r0, rows);
+  const float* gb = bp != nullptr ? bp + col0 : nullptr;
+  if constexpr (kPrefetchBuilt) {
+    const int64_t after = std::max<int64_t>(0, std::min<int64_t>(kTilePanels, w.num_panels - p0 - kTilePanels));
+    if (has_next && after > 0) {
+      const auto* next = reinterpret_cast<const char*>(w.panels + (p0 + kTilePanels) * panel_bytes);
+      group_tiles<true>(xp, ldx, buffer.data(), np, w.half_k, gb, op, out_features, col0, ncols, r0, rows, next,
+                        after * panel_bytes / 64);
+      return;
+    }
+  }
+  group_tiles<false>(xp, ldx, buffer.data(), np, w.half_k, gb, op, out_features, col0, ncols, r0, rows);
 }
 
 }  // namespace
@@ -170,7 +227,7 @@ at::Tensor linear_fp8(at::Tensor x, at::Tensor panels, at::Tensor scales, int64_
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int64_t block = std::min(kRowBlock, rows - r0);
     at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t g = begin; g < end; ++g) fp8_group(w, g, xp, ldx, bp, op, out_features, r0, block);
+      for (int64_t g = begin; g < end; ++g) fp8_group(w, g, g + 1 < end, xp, ldx, bp, op, out_features, r0, block);
     });
   }
   return out.view(product.out_shape);
@@ -207,7 +264,8 @@ at::Tensor linear_fp8_grouped(at::Tensor x, std::vector<at::Tensor> panels, std:
   at::parallel_for(0, static_cast<int64_t>(blocks.size()) * groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const Block& b = blocks[i / groups];
-      fp8_group(weights[b.weight], i % groups, xp, ldx, nullptr, op, out_features, b.r0, b.rows);
+      fp8_group(weights[b.weight], i % groups, i + 1 < end && i % groups + 1 < groups, xp, ldx, nullptr, op,
+                out_features, b.r0, b.rows);
     }
   });
   return out;
