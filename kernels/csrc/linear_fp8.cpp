@@ -5,15 +5,19 @@
 // A thread dequantizes each panel group it takes into a bf16 buffer (the fp8 value times its scale in fp32,
 // rounded once to bf16, nearest even: what transformers computes when it dequantizes these checkpoints) and runs
 // linear_bf16's register tiles over the buffer (bf16_panel_tiles.h). A product therefore gives, bit for bit,
-// linear_bf16's product over the dequantized weight, while reading half its bytes from memory: a decode step,
-// bound by the weights' stream, needs half the traffic. The dequantization costs about 10 vector instructions per
-// 32 weights, once per block of up to kRowBlock rows.
+// linear_bf16's product over the dequantized weight, while reading half its bytes from memory. The dequantization
+// costs about 10 vector instructions per 32 weights (5 through the table below), once per block of up to kRowBlock
+// rows: on a 2-vCPU Zen 4 about what the halved stream saves, so a decode step takes about as long as in bf16
+// (docs/BENCHMARKS.md); the weights take half the memory.
 //
 // An fp8 code becomes its fp32 value times 2^-120 in three instructions (sign-extend, shift, mask), the 2^120
 // folded into the block's scale; both products are exact, so the rounding is transformers' own. A block whose
 // scale is 2^8 or more (its folded scale would overflow), or a thread whose MXCSR treats subnormals as zero, looks
 // the exact values up in a table instead. NaN codes are refused when the weights are packed. Without AVX-512 a
-// scalar loop computes the same values (the tests' path on other CPUs).
+// scalar loop computes the same values (the tests' path on other CPUs). A block whose 16 columns share one scale
+// (128-row blocks, one scale a tensor) is looked up instead, where the CPU has AVX512-VBMI: the 128 products of
+// its magnitudes, computed and rounded as above, as byte tables that two vpermi2b read 64 weights at a time. While
+// a group's tiles compute, the next group's fp8 bytes are prefetched (as linear_bf16 prefetches its panels).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
