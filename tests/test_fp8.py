@@ -10,12 +10,21 @@ import pytest
 import torch
 
 from radixrt.kernels import cpu_kernels
+from radixrt.model.cpu_linear import KERNEL_ENV
 from radixrt.model.fp8 import Fp8Scheme, fp8_scheme, quantize
 from radixrt.model.runner import ModelRunner
 from test_model_exact import PROMPTS, run_ours
 from tiny_models import dequantized, save_compressed_tensors_checkpoint, save_fp8_checkpoint, save_tiny_model
 
 needs_kernels = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C++ CPU kernels did not build")
+
+
+def same_bf16_kernel(monkeypatch) -> None:
+    """bf16 weights on the bf16 panel kernel where it runs, so that a model's fp8 weights and their dequantized copy
+    run the same tiles: an AMX CPU would put the copy on its AMX kernel, whose sums are ordered otherwise (without
+    AVX512-BF16 both are dequantized and run alike)."""
+    if cpu_kernels.load() is not None:
+        monkeypatch.setenv(KERNEL_ENV, "bf16")
 
 
 def reference_weight(bits: torch.Tensor, row_scales: torch.Tensor, block_k: int, k_offset: int = 0) -> torch.Tensor:
@@ -144,10 +153,11 @@ def test_an_fp8_checkpoint_gives_transformers_logits_in_fp32(fp8_model, mode):
         assert (ours - ref).abs().max().item() <= 1e-4
 
 
-def test_an_fp8_checkpoint_in_bf16_gives_the_dequantized_checkpoints_bits(fp8_model):
+def test_an_fp8_checkpoint_in_bf16_gives_the_dequantized_checkpoints_bits(fp8_model, monkeypatch):
     # on AVX512-BF16 CPUs the weights stay fp8 (one byte each) on radixrt's fp8 kernel; elsewhere they are
     # dequantized at load: either way the logits are those of the checkpoint transformers' dequantization gives
     root, _ = fp8_model
+    same_bf16_kernel(monkeypatch)
     dequantized(root / "fp8", root / "dequantized", (32, 32))
     runner = ModelRunner(root / "fp8", dtype="bfloat16", page_size=4, num_pages=64)
     plain = ModelRunner(root / "dequantized", dtype="bfloat16", page_size=4, num_pages=64)
@@ -266,9 +276,10 @@ def test_grouped_products_give_each_rows_linear_fp8_bits():
 
 
 @pytest.mark.parametrize("strategy", ["tensor", "channel", "block"])
-def test_a_compressed_tensors_fp8_checkpoint_gives_its_dequantized_checkpoints_logits(tmp_path, strategy):
+def test_a_compressed_tensors_fp8_checkpoint_gives_its_dequantized_checkpoints_logits(tmp_path, strategy, monkeypatch):
     # llm-compressor's FP8 layouts, bf16 scales: fp32 logits equal those of the weights dequantized in plain torch,
     # and so do bf16 ones (on the fp8 kernel where it runs)
+    same_bf16_kernel(monkeypatch)
     save_tiny_model("qwen3", tmp_path / "float")
     save_compressed_tensors_checkpoint(tmp_path / "float", tmp_path / "fp8", strategy)
     dequantized(tmp_path / "fp8", tmp_path / "dequantized", (32, 32) if strategy == "block" else None)

@@ -271,11 +271,13 @@ def test_decode_batches_with_adapter_rows_run_eagerly_beside_graphs(family):
         assert (logits[0] - expected[name][2][-1]).abs().max().item() <= 1e-4, name
 
 
-def test_adapters_on_fp8_weights_give_the_dequantized_models_logits(family, tmp_path):
+def test_adapters_on_fp8_weights_give_the_dequantized_models_logits(family, tmp_path, monkeypatch):
     # the base model's projections in fp8 (on the fp8 kernel in bf16 where it runs), adapters as usual: each
     # adapter's rows the bits they get over the weights the fp8 ones dequantize to
+    from test_fp8 import same_bf16_kernel
     from tiny_models import dequantized, save_fp8_checkpoint
 
+    same_bf16_kernel(monkeypatch)
     folder, adapters, _ = family
     save_fp8_checkpoint(folder, tmp_path / "fp8", (16, 16), quantizer="radixrt")
     dequantized(tmp_path / "fp8", tmp_path / "dequantized", (16, 16))

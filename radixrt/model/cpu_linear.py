@@ -147,13 +147,10 @@ def pack_weight(weight: torch.Tensor, row_invariant: bool = False) -> PackedWeig
 def pack_fp8_weight(bits: torch.Tensor, scales: torch.Tensor, block_k: int, k_offset: int,
                     dtype: torch.dtype) -> PackedWeight | None:
     """An fp8 weight (``model/fp8.py``'s bits and per-row scales) packed for ``linear_fp8``, or None where it does not
-    run here: a model dtype other than bf16, an odd ``in``, packing off, a kernel forced by ``RADIXRT_CPU_LINEAR``,
-    or a CPU without AVX512-BF16 (``RADIXRT_CPU_LINEAR=bf16`` runs it on the stand-in, for tests)."""
-    forced = os.environ.get(KERNEL_ENV)
-    usable = (forced == "bf16" and cpu_kernels.load() is not None) or (forced is None
-                                                                        and cpu_kernels.linear_bf16_built())
+    run here: a model dtype other than bf16, an odd ``in``, packing off, a kernel other than ``bf16`` forced by
+    ``RADIXRT_CPU_LINEAR``, or a build without AVX512-BF16 (where the bf16 panels do not run either)."""
     if (not packing_enabled(bits.device) or dtype != torch.bfloat16 or bits.shape[1] % 2 or block_k % 2
-            or k_offset % 2 or not usable):
+            or k_offset % 2 or os.environ.get(KERNEL_ENV) not in (None, "bf16") or not cpu_kernels.linear_bf16_built()):
         return None
     panels, panel_scales = cpu_kernels.pack_linear_fp8(bits, scales)
     return PackedWeight(panels, bits.shape[0], "fp8", panel_scales, block_k, k_offset)
