@@ -84,12 +84,10 @@ def save_fp8_checkpoint(source: Path, folder: Path, block: tuple[int, int], quan
     the hub's FP8 checkpoints store them (``weight`` float8 beside ``weight_scale_inv``, the config's
     ``quantization_config``). ``quantizer``: transformers' own FP8 quantizer (``block`` must divide every
     projection), or radixrt's (partial blocks where a dimension is not a multiple)."""
-    import json
     import re
-    import shutil
     from types import SimpleNamespace
 
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     from transformers import FineGrainedFP8Config
     from transformers.integrations.finegrained_fp8 import Fp8Quantize
 
@@ -110,25 +108,16 @@ def save_fp8_checkpoint(source: Path, folder: Path, block: tuple[int, int], quan
                 bits, scales = quantize(tensor, block)
                 tensors[name] = bits.view(torch.float8_e4m3fn)
                 tensors[name.replace(".weight", ".weight_scale_inv")] = scales
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    for extra in source.iterdir():
-        if extra.suffix != ".safetensors" and extra.name != "config.json" and extra.is_file():
-            shutil.copy(extra, folder / extra.name)
-    model_config = json.loads((source / "config.json").read_text())
-    model_config["quantization_config"] = config.to_dict()
-    (folder / "config.json").write_text(json.dumps(model_config))
+    write_checkpoint(source, folder, tensors, config.to_dict())
 
 
 def save_compressed_tensors_checkpoint(source: Path, folder: Path, strategy: str) -> None:
     """``source``'s checkpoint as llm-compressor writes an FP8 one (``quant_method: compressed-tensors``): every
     projection of its layers in fp8 with a bf16 ``weight_scale`` per tensor, per output channel or per 32 x 32
     block (``strategy``), each scale its rows' largest magnitude / 448; the LM head and embeddings left alone."""
-    import json
     import re
-    import shutil
 
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     from radixrt.model.fp8 import FP8_MAX, quantize
 
@@ -146,20 +135,13 @@ def save_compressed_tensors_checkpoint(source: Path, folder: Path, strategy: str
             bits = (tensor / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
         tensors[name] = bits.view(torch.float8_e4m3fn)
         tensors[name.replace(".weight", ".weight_scale")] = scale.reshape(1) if strategy == "tensor" else scale
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    for extra in source.iterdir():
-        if extra.suffix != ".safetensors" and extra.name != "config.json" and extra.is_file():
-            shutil.copy(extra, folder / extra.name)
     weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": strategy,
                "block_structure": [32, 32] if strategy == "block" else None}
     activations = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "token"}
-    model_config = json.loads((source / "config.json").read_text())
-    model_config["quantization_config"] = {
+    write_checkpoint(source, folder, tensors, {
         "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": activations}},
-        "ignore": ["lm_head"]}
-    (folder / "config.json").write_text(json.dumps(model_config))
+        "ignore": ["lm_head"]})
 
 
 def dequantized(fp8_folder: Path, folder: Path, block: tuple[int, int] | None) -> None:
@@ -167,10 +149,7 @@ def dequantized(fp8_folder: Path, folder: Path, block: tuple[int, int] | None) -
     one per ``block``) dequantized in plain torch (each fp8 value times its scale in fp32, partial blocks
     included) into an fp32 checkpoint without a quantization config: the reference radixrt's fp8 weights must
     equal."""
-    import json
-    import shutil
-
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     tensors = load_file(fp8_folder / "model.safetensors")
     out = {}
@@ -188,11 +167,24 @@ def dequantized(fp8_folder: Path, folder: Path, block: tuple[int, int] | None) -
             out[name] = tensor.float() * grid
         else:
             out[name] = tensor
+    write_checkpoint(fp8_folder, folder, out, None)
+
+
+def write_checkpoint(source: Path, folder: Path, tensors: dict, quantization_config: dict | None) -> None:
+    """``tensors`` as ``folder``'s checkpoint beside ``source``'s other files (tokenizer, generation config), its
+    config ``source``'s with ``quantization_config`` set (None: removed)."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(out, folder / "model.safetensors", metadata={"format": "pt"})
-    for extra in fp8_folder.iterdir():
-        if extra.suffix != ".safetensors" and extra.is_file():
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    for extra in source.iterdir():
+        if extra.suffix != ".safetensors" and extra.name != "config.json" and extra.is_file():
             shutil.copy(extra, folder / extra.name)
-    config = json.loads((folder / "config.json").read_text())
-    config.pop("quantization_config")
+    config = json.loads((source / "config.json").read_text())
+    config.pop("quantization_config", None)
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
     (folder / "config.json").write_text(json.dumps(config))

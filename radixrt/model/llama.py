@@ -251,8 +251,10 @@ class LlamaForCausalLM(InferenceModule):
     def dequantize_fp8_weights(self) -> None:
         """Every fp8 weight not packed for the CPU's fp8 kernel as a plain weight in the model's dtype (CUDA; other
         CPUs and dtypes dequantize as they pack)."""
+        if self.fp8_scheme is None:
+            return
         for m in self.modules():
-            if isinstance(m, PackableLinear) and self.fp8_scheme is not None:
+            if isinstance(m, PackableLinear):
                 m.dequantize_fp8(self.fp8_scheme.block_k)
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
