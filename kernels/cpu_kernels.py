@@ -318,7 +318,8 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
                      sin_cache: torch.Tensor) -> None:
-    """Neox-style (rotate-half) RoPE of ``q`` ``[T, H, D]`` and ``k`` ``[T, KH, D]`` in place."""
+    """Neox-style (rotate-half) RoPE of ``q`` ``[T, H, D]`` and ``k`` ``[T, KH, D]`` in place: the tables'
+    ``positions`` rows ``[rows, R]`` rotate each head's first ``R`` elements (``R < D``: a partial rotary)."""
     _call("radixrt::rotary_embedding", _module().rotary_embedding, positions, q, k, cos_cache, sin_cache)
 
 

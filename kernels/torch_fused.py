@@ -48,9 +48,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
            sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q`` ``[T, heads, D]`` and ``k`` ``[T, kv_heads, D]`` rotated at ``positions`` (new tensors)."""
+    """``q`` ``[T, heads, D]`` and ``k`` ``[T, kv_heads, D]`` rotated at ``positions``, rows of the tables
+    ``[rows, R]`` (new tensors). ``R < D`` (a partial rotary): each head's first ``R`` elements rotate, the rest
+    pass unchanged."""
     cos = cos_cache[positions].to(q.dtype)[:, None, :]
     sin = sin_cache[positions].to(q.dtype)[:, None, :]
+    rot = cos.shape[-1]
+    if rot < q.shape[-1]:
+        q_rot, k_rot = rotary(positions, q[..., :rot], k[..., :rot], cos_cache, sin_cache)
+        return torch.cat((q_rot, q[..., rot:]), dim=-1), torch.cat((k_rot, k[..., rot:]), dim=-1)
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 

@@ -8,7 +8,8 @@ exactly where transformers' eager modules round (their torch twins are in :mod:`
 - ``silu_and_mul``: ``silu(gate)`` rounded, times ``up``, rounded. One program per (row, column block).
 - ``rope_and_store``: ``q * cos + rotate_half(q) * sin`` with each product and the sum rounded (cos/sin in the
   activations' dtype, as transformers casts them), ``q`` rotated in place; ``k`` rotated the same way and
-  written with ``v`` into the token's cache slot (a slot < 0, a padding row, writes nothing). One program per
+  written with ``v`` into the token's cache slot (a slot < 0, a padding row, writes nothing). A partial rotary
+  (tables narrower than the heads) rotates each head's first elements and passes the rest. One program per
   token, every head.
 
 Loads are upcast to fp32 at once (triton's interpreter computes bf16 wrongly); all arithmetic is fp32, and each
@@ -114,8 +115,9 @@ def _rope_store_kernel(
     Q, K, V, POSITIONS, COS, SIN, SLOTS, K_CACHE, V_CACHE,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos,
     stride_kcp, stride_kco, stride_kch, stride_vcp, stride_vco, stride_vch,
-    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_FULL: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(POSITIONS + t).to(tl.int64)
@@ -145,11 +147,16 @@ def _rope_store_kernel(
         kc = K_CACHE + page * stride_kcp + offset * stride_kco + offs_kh[:, None] * stride_kch + offs_d[None, :]
         tl.store(kc, k1.to(K_CACHE.dtype.element_ty), mask=kv_mask)
         tl.store(kc + HALF, k2.to(K_CACHE.dtype.element_ty), mask=kv_mask)
-        v_src = V + t * stride_vt + offs_kh[:, None] * stride_vh + offs_d[None, :]
-        vc = V_CACHE + page * stride_vcp + offset * stride_vco + offs_kh[:, None] * stride_vch + offs_d[None, :]
-        tl.store(vc, tl.load(v_src, mask=kv_mask, other=0.0).to(V_CACHE.dtype.element_ty), mask=kv_mask)
-        tl.store(vc + HALF, tl.load(v_src + HALF, mask=kv_mask, other=0.0).to(V_CACHE.dtype.element_ty),
-                 mask=kv_mask)
+        offs_f = tl.arange(0, BLOCK_FULL)
+        full_mask = kh_mask[:, None] & (offs_f < HEAD_DIM)[None, :]
+        if 2 * HALF < HEAD_DIM:  # a partial rotary: the rest of each k head passes unrotated
+            pass_mask = full_mask & (offs_f >= 2 * HALF)[None, :]
+            k_src = K + t * stride_kt + offs_kh[:, None] * stride_kh + offs_f[None, :]
+            kp = K_CACHE + page * stride_kcp + offset * stride_kco + offs_kh[:, None] * stride_kch + offs_f[None, :]
+            tl.store(kp, tl.load(k_src, mask=pass_mask, other=0.0).to(K_CACHE.dtype.element_ty), mask=pass_mask)
+        v_src = V + t * stride_vt + offs_kh[:, None] * stride_vh + offs_f[None, :]
+        vc = V_CACHE + page * stride_vcp + offset * stride_vco + offs_kh[:, None] * stride_vch + offs_f[None, :]
+        tl.store(vc, tl.load(v_src, mask=full_mask, other=0.0).to(V_CACHE.dtype.element_ty), mask=full_mask)
 
 
 def rope_and_store(
@@ -159,13 +166,15 @@ def rope_and_store(
     """Rotate ``q`` ``[T, heads, D]`` in place and return it; rotate ``k`` and store it with ``v``
     (``[T, kv_heads, D]``) into ``slots`` of the caches ``[pages, page_size, kv_heads, D]``.
 
-    ``cos``/``sin`` ``[max_positions, D]`` are in the activations' dtype (rounded as transformers rounds them).
+    ``cos``/``sin`` ``[rows, R]`` are in the activations' dtype (rounded as transformers rounds them); ``positions``
+    are their rows. ``R < D`` (a partial rotary): each head's first ``R`` elements rotate, the rest pass unchanged.
     """
     tokens, heads, head_dim = q.shape
     _, page_size, kv_heads, cache_dim = k_cache.shape
+    rot = cos.shape[1]
     if tokens == 0:
         return q
-    assert head_dim % 2 == 0 and cache_dim == head_dim and k.shape[1] == kv_heads
+    assert rot % 2 == 0 and rot <= head_dim and cache_dim == head_dim and k.shape[1] == kv_heads
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and cos.stride(1) == 1
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "the KV cache's head_dim must be contiguous"
     assert cos.dtype == q.dtype == k.dtype, "cos/sin must be in the activations' dtype"
@@ -173,8 +182,9 @@ def rope_and_store(
         q, k, v, positions, cos, sin, slots, k_cache, v_cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        HEADS=heads, KV_HEADS=kv_heads, HALF=head_dim // 2, PAGE_SIZE=page_size,
-        BLOCK_H=next_pow2(heads), BLOCK_KH=next_pow2(kv_heads), BLOCK_D=next_pow2(head_dim // 2),
+        HEADS=heads, KV_HEADS=kv_heads, HALF=rot // 2, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        BLOCK_H=next_pow2(heads), BLOCK_KH=next_pow2(kv_heads), BLOCK_D=next_pow2(rot // 2),
+        BLOCK_FULL=next_pow2(head_dim),
         num_warps=4,
     )
     return q

@@ -137,13 +137,19 @@ def test_half_precision_ops_round_where_the_reference_rounds(dtype):
 class _Config:
     rope_theta = 10000.0
 
+    def __init__(self, partial_rotary_factor: float = 1.0) -> None:
+        self.partial_rotary_factor = partial_rotary_factor
 
-# 16: halves of 8 (a tail with AVX-512), 48: a vector and a tail, 64: whole vectors (the default model's)
+
+# 16: halves of 8 (a tail with AVX-512), 48: a vector and a tail, 64: whole vectors (the default model's);
+# partial 0.75: each head's first 3/4 rotated (Phi-4-mini's), the rest passed through
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [16, 48, 64])
-def test_rotary_in_place_on_views_of_the_qkv_projection(dtype, head_dim, torch_path):
+@pytest.mark.parametrize("partial", [1.0, 0.75])
+def test_rotary_in_place_on_views_of_the_qkv_projection(dtype, head_dim, partial, torch_path):
     d = head_dim
-    rotary = RotaryEmbedding(_Config(), head_dim=d, max_positions=256).to(dtype)
+    rotary = RotaryEmbedding(_Config(partial), head_dim=d, max_positions=256).to(dtype)
+    assert rotary.cos_cache.shape == (256, int(d * partial))
     qkv = torch.randn(9, 6 * d + 2 * 2 * d).to(dtype)
     q, k, _ = qkv.split([6 * d, 2 * d, 2 * d], dim=-1)
     q, k = q.view(9, 6, d), k.view(9, 2, d)
@@ -158,11 +164,13 @@ def test_rotary_in_place_on_views_of_the_qkv_projection(dtype, head_dim, torch_p
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [16, 64])
-def test_rope_and_store_matches_its_torch_twin(dtype, head_dim):
+@pytest.mark.parametrize("partial", [1.0, 0.75])
+def test_rope_and_store_matches_its_torch_twin(dtype, head_dim, partial):
     """q rotated in place, k rotated into its slots with v beside it, k itself untouched, negative slots skipped;
-    bf16/fp16 bit for bit (the same rounding points, no exp)."""
+    bf16/fp16 bit for bit (the same rounding points, no exp). A partial rotary stores each k head's unrotated rest
+    as it is."""
     d, page_size = head_dim, 4
-    rotary = RotaryEmbedding(_Config(), head_dim=d, max_positions=128).to(dtype)
+    rotary = RotaryEmbedding(_Config(partial), head_dim=d, max_positions=128).to(dtype)
     gen = torch.Generator().manual_seed(d)
     qkv = torch.randn(7, 6 * d + 2 * 2 * d, generator=gen).to(dtype)
     q, k, v = (t.view(7, -1, d) for t in qkv.split([6 * d, 2 * d, 2 * d], dim=-1))
@@ -181,6 +189,21 @@ def test_rope_and_store_matches_its_torch_twin(dtype, head_dim):
             assert torch.equal(got, want)
         else:
             torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_partial_rotary_torch_twin_is_transformers_phi3_formula():
+    """Rotating the first 3/4 of each head as transformers' Phi-3 (Phi-4-mini) does: ``cat(rotated, rest)``."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    rotary = RotaryEmbedding(_Config(0.75), head_dim=32, max_positions=64)
+    q, k = torch.randn(5, 4, 32), torch.randn(5, 2, 32)
+    positions = torch.tensor([0, 3, 17, 40, 63])
+    cos, sin = rotary.cos_cache[positions][None], rotary.sin_cache[positions][None]  # [1, T, 24]
+    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    got_q, got_k = torch_fused.rotary(positions, q, k, rotary.cos_cache, rotary.sin_cache)
+    torch.testing.assert_close(got_q, want_q[0].transpose(0, 1), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got_k, want_k[0].transpose(0, 1), atol=1e-6, rtol=1e-6)
+    assert torch.equal(got_q[..., 24:], q[..., 24:])
 
 
 def test_rope_and_store_refuses_slots_outside_the_caches():
@@ -220,6 +243,10 @@ def test_bad_inputs_raise():
         cpu_kernels.rotary_embedding(torch.tensor([-1, 0]), q, k, cos, sin)
     with pytest.raises(RuntimeError, match="fp32"):
         cpu_kernels.rotary_embedding(torch.tensor([0, 1]), q, k, cos.double(), sin.double())
+    with pytest.raises(RuntimeError, match="rotary dim even and at most D"):  # wider than the heads
+        cpu_kernels.rotary_embedding(torch.tensor([0, 1]), q, k, torch.randn(8, 18), torch.randn(8, 18))
+    with pytest.raises(RuntimeError, match="rotary dim even and at most D"):  # odd
+        cpu_kernels.rotary_embedding(torch.tensor([0, 1]), q, k, torch.randn(8, 7), torch.randn(8, 7))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

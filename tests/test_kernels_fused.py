@@ -70,14 +70,15 @@ def test_silu_and_mul(dtype, inter):
     close(triton_ops.silu_and_mul(gate_up), torch_fused.silu_and_mul(gate_up), dtype)
 
 
-def _rope_case(dtype, heads, kv_heads, head_dim, tokens, page_size=4, pages=6, seed=0):
+def _rope_case(dtype, heads, kv_heads, head_dim, tokens, page_size=4, pages=6, seed=0, rotary_dim=None):
     gen = torch.Generator().manual_seed(seed)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype).to(DEVICE)
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
     q = q.view(tokens, heads, head_dim)  # views into one projection output, as in the model
     k = k.view(tokens, kv_heads, head_dim)
     v = v.view(tokens, kv_heads, head_dim)
-    inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    rot = rotary_dim or head_dim  # below head_dim: a partial rotary (the tables that wide)
+    inv = 1.0 / (10000 ** (torch.arange(0, rot, 2).float() / rot))
     freqs = torch.arange(64).float()[:, None] * inv[None, :]
     emb = torch.cat((freqs, freqs), -1)
     cos, sin = emb.cos().to(dtype).to(DEVICE), emb.sin().to(dtype).to(DEVICE)
@@ -88,9 +89,11 @@ def _rope_case(dtype, heads, kv_heads, head_dim, tokens, page_size=4, pages=6, s
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (3, 1, 24), (6, 6, 8)])
-def test_rope_and_store(dtype, heads, kv_heads, head_dim):
-    qkv, q, k, v, cos, sin, positions, slots, cache = _rope_case(dtype, heads, kv_heads, head_dim, tokens=5)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim", [(4, 2, 16, 16), (3, 1, 24, 24), (6, 6, 8, 8),
+                                                                 (4, 2, 16, 12), (3, 1, 24, 8)])
+def test_rope_and_store(dtype, heads, kv_heads, head_dim, rotary_dim):
+    qkv, q, k, v, cos, sin, positions, slots, cache = _rope_case(dtype, heads, kv_heads, head_dim, tokens=5,
+                                                                 rotary_dim=rotary_dim)
     ref_qkv = qkv.clone()
     rq, rk, rv = ref_qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
     rq, rk, rv = (t.view(5, -1, head_dim) for t in (rq, rk, rv))

@@ -220,23 +220,24 @@ namespace {
 template <typename T>
 struct RopeArgs {
   const int64_t* pos;
-  const float *cos, *sin;  // [max_positions, dim]
+  const float *cos, *sin;  // [table rows, rot_dim]
   T* q;
   const T* k;
   const T* v;
-  int64_t tokens, dim, heads, kv_heads, q_stride, k_stride, v_stride;
+  int64_t tokens, dim, rot_dim, heads, kv_heads, q_stride, k_stride, v_stride;
   const int64_t* slots;
   T *k_cache, *v_cache;  // [slots, kv_heads, dim]
 };
 
+// Each head's first rot_dim elements are rotated; the rest (a partial rotary, rot_dim < dim) pass unchanged.
 template <typename T>
 void rope_kernel(const RopeArgs<T>& a) {
-  const int64_t dim = a.dim, half = dim / 2, row = a.kv_heads * dim;
+  const int64_t dim = a.dim, rot = a.rot_dim, half = rot / 2, row = a.kv_heads * dim;
   at::parallel_for(0, a.tokens, grain_for((a.heads + 2 * a.kv_heads) * dim), [&](int64_t begin, int64_t end) {
-    std::vector<float> angles(2 * dim);
-    float *c = angles.data(), *s = angles.data() + dim;
+    std::vector<float> angles(2 * rot);
+    float *c = angles.data(), *s = angles.data() + rot;
     for (int64_t t = begin; t < end; ++t) {
-      rounded_angles<T>(a.cos + a.pos[t] * dim, a.sin + a.pos[t] * dim, dim, c, s);
+      rounded_angles<T>(a.cos + a.pos[t] * rot, a.sin + a.pos[t] * rot, rot, c, s);
       T* q = a.q + t * a.q_stride;
       for (int64_t h = 0; h < a.heads; ++h) rotate_head(q + h * dim, q + h * dim, half, c, s);
       const T* k = a.k + t * a.k_stride;
@@ -246,7 +247,10 @@ void rope_kernel(const RopeArgs<T>& a) {
         k_out = a.k_cache + a.slots[t] * row;
         std::memcpy(a.v_cache + a.slots[t] * row, a.v + t * a.v_stride, row * sizeof(T));
       }
-      for (int64_t h = 0; h < a.kv_heads; ++h) rotate_head(k + h * dim, k_out + h * dim, half, c, s);
+      for (int64_t h = 0; h < a.kv_heads; ++h) {
+        rotate_head(k + h * dim, k_out + h * dim, half, c, s);
+        if (k_out != k && rot < dim) std::memcpy(k_out + h * dim + rot, k + h * dim + rot, (dim - rot) * sizeof(T));
+      }
     }
   });
 }
@@ -257,13 +261,15 @@ void check_heads(const at::Tensor& t, const char* name) {
               " must be [T, heads, D] with contiguous heads");
 }
 
-// positions as int64, each checked to lie inside the tables
+// positions as int64, each checked to lie inside the tables; the tables' width (the rotary dim) is checked against
+// the head dim: even, and no wider
 at::Tensor checked_positions(at::Tensor positions, int64_t tokens, const at::Tensor& cos_cache,
                              const at::Tensor& sin_cache, int64_t dim) {
   TORCH_CHECK(cos_cache.scalar_type() == at::kFloat && sin_cache.scalar_type() == at::kFloat &&
                   cos_cache.is_contiguous() && sin_cache.is_contiguous() && cos_cache.dim() == 2 &&
-                  cos_cache.sizes() == sin_cache.sizes() && cos_cache.size(1) == dim && dim % 2 == 0,
-              "cos/sin caches must be contiguous fp32 [max_positions, D]");
+                  cos_cache.sizes() == sin_cache.sizes() && cos_cache.size(1) <= dim && cos_cache.size(1) > 0 &&
+                  cos_cache.size(1) % 2 == 0,
+              "cos/sin caches must be contiguous fp32 [rows, rotary dim], the rotary dim even and at most D");
   positions = positions.to(at::kLong).contiguous();
   TORCH_CHECK(positions.numel() == tokens, "one position per token");
   const int64_t* pos = positions.data_ptr<int64_t>();
@@ -276,7 +282,7 @@ at::Tensor checked_positions(at::Tensor positions, int64_t tokens, const at::Ten
 }  // namespace
 
 // Rotates q [T, H, D] and k [T, KH, D] in place (each head's D contiguous, tokens may be strided) at
-// positions [T] (int64) with cos/sin caches [max_positions, D] (fp32).
+// positions [T] (int64: rows of the tables) with cos/sin caches [rows, R] (fp32): each head's first R elements.
 void rotary_embedding(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tensor cos_cache, at::Tensor sin_cache) {
   check_heads(q, "q");
   check_heads(k, "k");
@@ -286,7 +292,8 @@ void rotary_embedding(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tens
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary_embedding", [&] {
     RopeArgs<scalar_t> args{positions.data_ptr<int64_t>(), cos_cache.data_ptr<float>(), sin_cache.data_ptr<float>(),
                             q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), nullptr, q.size(0), q.size(2),
-                            q.size(1), k.size(1), q.stride(0), k.stride(0), 0, nullptr, nullptr, nullptr};
+                            cos_cache.size(1), q.size(1), k.size(1), q.stride(0), k.stride(0), 0, nullptr, nullptr,
+                            nullptr};
     rope_kernel(args);
   });
 }
@@ -317,7 +324,7 @@ void rope_and_store(at::Tensor positions, at::Tensor q, at::Tensor k, at::Tensor
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rope_and_store", [&] {
     RopeArgs<scalar_t> args{positions.data_ptr<int64_t>(), cos_cache.data_ptr<float>(), sin_cache.data_ptr<float>(),
                             q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), tokens, dim,
-                            q.size(1), kv_heads, q.stride(0), k.stride(0), v.stride(0), slot,
+                            cos_cache.size(1), q.size(1), kv_heads, q.stride(0), k.stride(0), v.stride(0), slot,
                             k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>()};
     rope_kernel(args);
   });
