@@ -33,14 +33,18 @@ def generate_ids(
     lengths = [0] * len(prompts)  # tokens already in the cache
     pending = [list(p) for p in prompts]  # tokens to compute next
     active = list(range(len(prompts)))
+    long_from = runner.long_rope_from  # LongRoPE: a sequence past it rotates long, computed again from the start
+    long = [False] * len(prompts)
     try:
         while active and params.max_new_tokens > 0:
             for r in active:
+                if long_from is not None and not long[r] and lengths[r] + len(pending[r]) > long_from:
+                    long[r], lengths[r], pending[r] = True, 0, list(prompts[r]) + outputs[r]
                 need = _pages_needed(lengths[r] + len(pending[r]), page_size) - len(pages[r])
                 pages[r].extend(pool.alloc(need))
             batch = ForwardBatch.build(
-                [SeqChunk(pending[r], lengths[r], pages[r]) for r in active], page_size, runner.device
-            )
+                [SeqChunk(pending[r], lengths[r], pages[r], long_rope=long[r]) for r in active], page_size,
+                runner.device, long_from)
             logits = runner.forward(batch)
             sampling = SamplingBatch.build([params] * len(active), vocab, [generator] * len(active), device=runner.device)
             next_ids = sample(logits, sampling).tolist()

@@ -1,5 +1,6 @@
-"""The families with layers, scalings or layouts of their own (Gemma 3, OLMo 2, Granite, Phi-3) through the
-scheduler: several requests batched together get transformers' greedy tokens for each alone; Gemma's final logit
+"""The families with layers, scalings or layouts of their own (Gemma 3, OLMo 2, Granite, Phi-3, Phi-4-mini's partial
+rotary and LongRoPE) through the scheduler: several requests batched together get transformers' greedy tokens for
+each alone; Gemma's final logit
 soft-cap is applied as transformers applies it; a multimodal Gemma 3 checkpoint serves its text model; what radixrt
 does not compute is refused by name. Logits of every mode against transformers: tests/test_model_exact.py; LoRA
 adapters on Gemma 3: tests/test_lora.py."""
@@ -11,6 +12,7 @@ import torch
 
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.gemma import Gemma3ForCausalLM
+from radixrt.lockstep import generate_ids
 from radixrt.model.runner import ModelRunner
 from radixrt.sampling.params import SamplingParams
 from exact_runs import logprob_runs
@@ -20,18 +22,102 @@ PROMPTS = [[5, 9, 3, 77, 12, 40, 8, 1, 99, 23, 64, 7], [17, 2, 3], [100, 42, 42,
 NEW_TOKENS = 12
 
 
-@pytest.mark.parametrize("family", ["gemma3", "olmo2", "granite", "phi3"])
+@pytest.mark.parametrize("family", ["gemma3", "olmo2", "granite", "phi3", "phi4-mini"])
 def test_batched_greedy_tokens_equal_transformers_for_each_request_alone(tmp_path, family):
-    hf_model = save_tiny_model(family, tmp_path)
+    hf_model = save_tiny_model(family, tmp_path, init_std=0.25)  # logits far from flat: each position counts
     greedy = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     outputs, _ = logprob_runs(tmp_path, "float32", [[(p, greedy) for p in PROMPTS]])
     for prompt, output in zip(PROMPTS, outputs):
         with torch.no_grad():
             # every prompt token attended (OLMo 2's config names token 1 its padding)
-            expected = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=int),
-                                         max_new_tokens=NEW_TOKENS, do_sample=False,
-                                         min_new_tokens=NEW_TOKENS)[0, len(prompt):].tolist()
+            run = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=int),
+                                    max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS,
+                                    output_logits=True, return_dict_in_generate=True)
+        expected = run.sequences[0, len(prompt):].tolist()
         assert [token for token, _, _ in output] == expected
+        # the chosen tokens' logprobs too: a difference that flips no token shows there
+        logprobs = [torch.log_softmax(step[0].float(), -1)[token].item() for step, token in zip(run.logits, expected)]
+        assert [logprob[0] for _, logprob, _ in output] == pytest.approx(logprobs, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def long_rope_model(tmp_path_factory):
+    """A tiny Phi-4-mini (LongRoPE past an original context of 8) and transformers' greedy tokens and their logprobs
+    for two prompts longer than that, one shorter that outgrows it while generating, and one of repeated text (so
+    that n-gram drafts find something before and after it crosses)."""
+    folder = tmp_path_factory.mktemp("phi4-mini")
+    hf_model = save_tiny_model("phi4-mini", folder, init_std=0.25)
+    prompts = PROMPTS + [[7, 8, 9, 7, 8, 9, 7]]
+    expected = []
+    for prompt in prompts:
+        with torch.no_grad():
+            run = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=int),
+                                    max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS,
+                                    output_logits=True, return_dict_in_generate=True)
+        tokens = run.sequences[0, len(prompt):].tolist()
+        expected.append((tokens, [torch.log_softmax(step[0], -1)[t].item() for step, t in zip(run.logits, tokens)]))
+    return folder, prompts, expected
+
+
+@pytest.mark.parametrize("how", ["overlap", "speculative", "chunked"])
+def test_long_rope_tokens_equal_transformers_however_scheduled(long_rope_model, how):
+    """Sequences past the original context rotate long throughout (transformers' generation computes a sequence
+    that outgrows it again, long, and so does the scheduler); the short-rotated pages of a cached 8-token prefix are
+    never shared with a sequence rotated long. Through the overlap scheduler (which leaves a crossing step to the
+    synchronous loop), with speculative drafts (none past the context while rotated short), or in prefill chunks
+    of 4 tokens."""
+    folder, prompts, expected = long_rope_model
+    greedy = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    stats: dict = {}
+    outputs, accepted = logprob_runs(folder, "float32", [[(p, greedy) for p in prompts]], page_size=4,
+                                     cached=prompts[0][:8], overlap=how == "overlap", logprobs=how != "overlap",
+                                     speculative=how == "speculative", chunk=4 if how == "chunked" else 2048,
+                                     stats=stats)
+    for output, (tokens, logprobs) in zip(outputs, expected):
+        assert [token for token, _, _ in output] == tokens
+        if how != "overlap":  # the overlap scheduler runs requests without logprobs only
+            assert [logprob[0] for _, logprob, _ in output] == pytest.approx(logprobs, abs=1e-4)
+    if how == "speculative":
+        assert accepted > 0
+    if how == "overlap":
+        assert stats["launched_steps"] > 0
+
+
+def test_long_rope_tokens_equal_transformers_in_lockstep(long_rope_model):
+    """``generate_ids`` (the lock-step loop of ``radixrt generate``) computes a sequence again, long, as it crosses."""
+    folder, prompts, expected = long_rope_model
+    runner = ModelRunner(folder, dtype="float32", num_pages=64, page_size=4)
+    outputs = generate_ids(runner, prompts, SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True))
+    assert outputs == [tokens for tokens, _ in expected]
+
+
+def test_a_long_rope_config_in_the_hubs_layout_loads_as_transformers_loads_it(tmp_path):
+    """Phi-3.5-mini's and Phi-4-mini's config.json keep LongRoPE in ``rope_scaling`` (``type``), with
+    ``original_max_position_embeddings`` and ``partial_rotary_factor`` beside it at the top: the same model as
+    transformers reads from that file, prompts past the original context and within it."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    save_tiny_model("phi4-mini", tmp_path, init_std=0.25)
+    config = json.loads((tmp_path / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config.update(rope_theta=rope["rope_theta"], partial_rotary_factor=rope["partial_rotary_factor"],
+                  original_max_position_embeddings=rope["original_max_position_embeddings"],
+                  rope_scaling={"type": "longrope", "long_factor": rope["long_factor"],
+                                "short_factor": rope["short_factor"]})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf_model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager")
+    runner = ModelRunner(tmp_path, dtype="float32", num_pages=16, page_size=4)
+    assert runner.long_rope_from == 8
+    for prompt in PROMPTS[:2]:  # 12 tokens: rotated long; 3: short
+        long = len(prompt) > 8
+        pages = runner.pool.alloc(-(-len(prompt) // 4))
+        batch = ForwardBatch.build([SeqChunk(prompt, 0, pages, logits_from=0, long_rope=long)], 4, long_rope_from=8)
+        with torch.no_grad():
+            expected = hf_model(torch.tensor([prompt])).logits[0]
+        assert (runner.forward(batch) - expected).abs().max().item() <= 1e-4
+        runner.pool.decref(pages)
 
 
 def _save(config, folder):
@@ -105,10 +191,10 @@ def test_olmo_2_refuses_tensor_parallelism():
         Olmo2ForCausalLM(tiny_config("olmo2"), max_positions=64, tp=TPGroup(rank=0, size=2))
 
 
-def test_rotary_over_part_of_each_head_is_refused(tmp_path):
-    """Phi-4-mini rotates 3/4 of each head: radixrt's rotary kernels rotate whole heads, so such a model is refused."""
+def test_a_rotary_share_of_each_head_that_is_not_an_even_number_of_elements_is_refused(tmp_path):
+    """Rotary pairs split a head's rotated elements in halves: 5 of 16 cannot be rotated."""
     config = tiny_config("phi3")
-    config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": 0.75}
+    config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": 0.3125}
     _save(config, tmp_path)
-    with pytest.raises(ValueError, match="partial_rotary_factor 0.75"):
+    with pytest.raises(ValueError, match="partial_rotary_factor 0.3125 of head_dim 16 gives a rotary dim of 5"):
         ModelRunner(tmp_path, num_pages=4)

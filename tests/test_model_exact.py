@@ -24,7 +24,9 @@ def run_ours(runner: ModelRunner, prompts: list[list[int]], mode: str,
     """Logits at every prompt position, computing the prompts as asked by ``mode`` (each through the LoRA adapter
     ``lora_uids`` gives it, if any)."""
     lora_uids = lora_uids or [0] * len(prompts)
-    pool, size = runner.pool, runner.page_size
+    pool, size, long_from = runner.pool, runner.page_size, runner.long_rope_from
+    # LongRoPE: a prompt longer than the original context rotates long at every position, as transformers does
+    long = [long_from is not None and len(p) > long_from for p in prompts]
     pages = [pool.alloc(-(-len(p) // size)) for p in prompts]
     if mode == "one_extend":
         splits = [[len(p)] for p in prompts]
@@ -40,8 +42,9 @@ def run_ours(runner: ModelRunner, prompts: list[list[int]], mode: str,
     while any(step < len(s) for s in splits):
         rows = [r for r, s in enumerate(splits) if step < len(s)]
         chunks = [SeqChunk(prompts[r][done[r] : done[r] + splits[r][step]], done[r], pages[r], logits_from=0,
-                           lora_uid=lora_uids[r]) for r in rows]
-        out = runner.forward(ForwardBatch.build(chunks, size)).split([len(c.tokens) for c in chunks])
+                           lora_uid=lora_uids[r], long_rope=long[r]) for r in rows]
+        out = runner.forward(ForwardBatch.build(chunks, size, long_rope_from=long_from)).split(
+            [len(c.tokens) for c in chunks])
         for r, chunk, rows_out in zip(rows, chunks, out):
             logits[r].append(rows_out)
             done[r] += len(chunk.tokens)

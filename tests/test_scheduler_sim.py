@@ -72,6 +72,7 @@ KNOBS = st.builds(
     sessions=st.booleans(),
     lora=st.booleans(),
     max_loras_per_batch=st.sampled_from((8, 2, 1)),
+    long_rope_from=st.sampled_from((0, 24)),
 )
 
 
@@ -143,13 +144,34 @@ def test_lora_adapters_and_cache_keys_match_solo_runs(world, oracle):
     assert sum(r.preemptions for r in results) > 0 and sum(r.launched_steps for r in results) > 100
 
 
+def test_long_rope_sequences_match_solo_runs(world, oracle):
+    """A LongRoPE model (the fake one rotates a sequence longer than 24 tokens long: other K/V) under the soak's
+    workloads, the overlap scheduler and speculation in some: prompts past the context start long, requests whose
+    outputs outgrow it are computed again, long, and their short-rotated prefixes stay cached for short ones only;
+    outputs equal solo runs, nothing leaks."""
+    results = [run_seed(Knobs.from_seed(seed, long_rope_from=24), world, oracle) for seed in range(12)]
+    assert all(r.ok for r in results), "\n".join(_failure_report(r) for r in results if not r.ok)
+    assert sum(r.long_rope_restarts for r in results) > 3
+    assert sum(r.retractions for r in results) > 0 and sum(r.launched_steps for r in results) > 0
+    assert sum(r.spec_accepted_tokens for r in results) > 0
+
+
 # ----- the simulation's checks have teeth ----------------------------------------------------------
 
 
 def test_simulation_reports_prefixes_shared_across_adapters(world, oracle, monkeypatch):
     # Every request in the base model's namespace: a prefix computed through one adapter is read through another.
-    monkeypatch.setattr("radixrt.scheduler.request.cache_namespace", lambda uid, key: 0)
+    monkeypatch.setattr("radixrt.scheduler.request.cache_namespace", lambda uid, key, long_rope=False: 0)
     kinds = {kind for seed in range(6) for kind, _ in run_seed(Knobs.from_seed(seed, lora=True), world,
+                                                               oracle).failures}
+    assert kinds & {"kv-corruption", "mismatch"}, kinds
+
+
+def test_simulation_reports_long_rope_prefixes_shared_with_short_ones(world, oracle, monkeypatch):
+    # Sequences rotated long keep the namespace of those rotated short: short-rotated K/V is read as long.
+    monkeypatch.setattr("radixrt.memory.radix_cache.long_rope_namespace", lambda namespace: namespace)
+    monkeypatch.setattr("radixrt.scheduler.request.long_rope_namespace", lambda namespace: namespace)
+    kinds = {kind for seed in range(6) for kind, _ in run_seed(Knobs.from_seed(seed, long_rope_from=24), world,
                                                                oracle).failures}
     assert kinds & {"kv-corruption", "mismatch"}, kinds
 

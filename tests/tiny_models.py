@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 FAMILIES = ("llama", "llama3-scaled", "mistral", "qwen2", "qwen3", "untied-gqa1", "mixtral", "qwen2-moe", "qwen3-moe",
-            "gemma3", "olmo2", "granite", "phi3")
+            "gemma3", "olmo2", "granite", "phi3", "phi4-mini")
 MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe")
 
 
@@ -59,13 +59,19 @@ def tiny_config(family: str):
                              logits_scaling=0.5, tie_word_embeddings=True)
     if family == "phi3":  # q/k/v and gate/up stored fused; a sliding window, as Phi-3-mini has
         return Phi3Config(**common, sliding_window=6, tie_word_embeddings=False, pad_token_id=None, eos_token_id=None)
+    if family == "phi4-mini":  # as Phi-4-mini: 3/4 of each head rotated, LongRoPE past an original context of 8
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5], "long_factor": [1.5, 3.0, 6.0, 12.0, 24.0, 48.0]}
+        return Phi3Config(**common, tie_word_embeddings=True, pad_token_id=None, eos_token_id=None,
+                          original_max_position_embeddings=8, rope_parameters=rope)
     if family == "olmo2":
         return Olmo2Config(**common, tie_word_embeddings=False)
     raise ValueError(family)
 
 
-def save_tiny_model(family: str, folder: Path, seed: int = 0):
-    """Save a random tiny model of ``family``; return the transformers model (fp32, eval)."""
+def save_tiny_model(family: str, folder: Path, seed: int = 0, init_std: float = 0.08):
+    """Save a random tiny model of ``family``, its weights drawn with ``init_std``; return the transformers model
+    (fp32, eval)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -73,7 +79,7 @@ def save_tiny_model(family: str, folder: Path, seed: int = 0):
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():  # widen the init so differences show up in the logits
         for param in model.parameters():
-            param.normal_(0.0, 0.08)
+            param.normal_(0.0, init_std)
     model.eval()
     model.save_pretrained(folder)
     return model

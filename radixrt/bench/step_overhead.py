@@ -55,6 +55,7 @@ class NullRunner:
         self.pool = PagePool(KVLayout(num_layers=1, kv_heads=1, head_dim=2, page_size=page_size,
                                       dtype=torch.float32), num_pages)
         self.page_size = page_size
+        self.long_rope_from = None
         self._logits = torch.zeros(0, vocab)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

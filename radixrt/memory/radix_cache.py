@@ -49,7 +49,9 @@ Namespaces
 ----------
 ``match_prefix`` and ``insert`` take a ``namespace`` (0 by default): the same tokens in two namespaces are two
 prefixes that never share pages. A request's namespace (``cache_namespace``) is its LoRA adapter's uid, and with
-an isolation key (SGLang's ``extra_key``, vLLM's ``cache_salt``) a number drawn from the key as well. Inside the
+an isolation key (SGLang's ``extra_key``, vLLM's ``cache_salt``) a number drawn from the key as well; a LongRoPE
+model's requests whose prompts outgrow its original context rotate every position otherwise, so they take
+namespaces of their own. Inside the
 tree a namespace's tokens are keyed as ``token + namespace * NAMESPACE_STRIDE`` (``namespaced``), so the tree
 itself knows nothing of them.
 
@@ -101,18 +103,28 @@ from radixrt.memory.radix_node import (
 from radixrt.memory.radix_stats import CacheStats
 from radixrt.token_ids import common_prefix_len
 
-__all__ = ["CacheStats", "InsertResult", "MatchResult", "RadixCache", "TreeNode", "cache_namespace", "namespaced"]
+__all__ = ["CacheStats", "InsertResult", "MatchResult", "RadixCache", "TreeNode", "cache_namespace",
+           "long_rope_namespace", "namespaced"]
 
 NAMESPACE_STRIDE = 1 << 32  # above every token id
+LONG_ROPE_BIT = 1 << 31  # above every adapter uid, below an isolation key's hash
 
 
-def cache_namespace(adapter_uid: int, key: str | None) -> int:
+def cache_namespace(adapter_uid: int, key: str | None, long_rope: bool = False) -> int:
     """The namespace of requests through LoRA adapter ``adapter_uid`` (0: the base model) with isolation key ``key``:
-    the uid alone without a key; with one, above every uid, from the key's 64-bit hash."""
+    the uid alone without a key; with one, above every uid, from the key's 64-bit hash. ``long_rope`` (a LongRoPE
+    model's request whose prompt outgrew the original context, its every position rotated long: K/V no request
+    of a shorter prompt computes) sets bit 31, above every uid."""
+    namespace = long_rope_namespace(adapter_uid) if long_rope else adapter_uid
     if key is None:
-        return adapter_uid
+        return namespace
     digest = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-    return adapter_uid + ((digest + 1) << 32)
+    return namespace + ((digest + 1) << 32)
+
+
+def long_rope_namespace(namespace: int) -> int:
+    """The namespace a request of ``namespace`` takes when it rotates long (``cache_namespace``'s bit 31)."""
+    return namespace | LONG_ROPE_BIT
 
 
 def namespaced(tokens: Sequence[int], namespace: int) -> tuple[int, ...]:

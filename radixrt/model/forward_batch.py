@@ -29,6 +29,7 @@ class SeqChunk:
     pages: list[int]
     logits_from: int | None = None
     lora_uid: int = 0  # the LoRA adapter its tokens go through (radixrt.model.lora; 0: the base model)
+    long_rope: bool = False  # rotated long: a LongRoPE model's sequence past the original context (rope_table_rows)
 
 
 # the tensors of a ForwardBatch, and their dtypes
@@ -43,7 +44,7 @@ HOST_FIELDS = ("logits_counts", "is_decode", "max_extend_len", "max_seq_len")
 @dataclass
 class ForwardBatch:
     input_ids: torch.Tensor  # [T] new tokens of all requests back to back
-    positions: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T] each token's row of the rotary tables: its position (LongRoPE: rope_table_rows)
     out_slots: torch.Tensor  # [T] flat cache slot that receives each new token's K/V (< 0: write nothing)
     page_table: torch.Tensor  # [B, max_pages] int32, padded with 0
     prefix_lens: torch.Tensor  # [B] int32
@@ -72,7 +73,10 @@ class ForwardBatch:
         return self.input_ids.device
 
     @classmethod
-    def build(cls, chunks: list[SeqChunk], page_size: int, device: str | torch.device = "cpu") -> "ForwardBatch":
+    def build(cls, chunks: list[SeqChunk], page_size: int, device: str | torch.device = "cpu",
+              long_rope_from: int | None = None) -> "ForwardBatch":
+        """``long_rope_from``: a LongRoPE model's original context (``RotaryEmbedding.long_from``), which maps
+        positions to rows of its rotary tables."""
         if not chunks:
             raise ValueError("a forward batch needs at least one request")
         batch = len(chunks)
@@ -107,6 +111,9 @@ class ForwardBatch:
             logits_indices = (starts + firsts)[owner] + np.arange(int(counts.sum())) - (np.cumsum(counts) - counts)[owner]
         input_ids = np.fromiter((t for c in chunks for t in c.tokens), np.int64, total)
         seq_lens = prefix + extend
+        if long_rope_from is not None:
+            long = np.fromiter((c.long_rope for c in chunks), bool, batch)[request_of_token]
+            positions = rope_table_rows(positions, long, long_rope_from)
         host = {"input_ids": input_ids, "positions": positions, "out_slots": out_slots,
                 "page_table": page_table, "prefix_lens": prefix, "extend_lens": extend, "seq_lens": seq_lens,
                 "logits_indices": logits_indices}
@@ -119,7 +126,8 @@ class ForwardBatch:
 
     @classmethod
     def build_decode(cls, tokens: list[int], prefix_lens: list[int], pages: list[list[int]], page_size: int,
-                     device: str | torch.device = "cpu", lora_uids: list[int] | None = None) -> "ForwardBatch":
+                     device: str | torch.device = "cpu", lora_uids: list[int] | None = None,
+                     long_rope: list[bool] | None = None, long_rope_from: int | None = None) -> "ForwardBatch":
         """``build`` of one new token per request, from parallel lists: what the overlap scheduler runs at every step
         of a large batch, without a ``SeqChunk`` per request and with the page table filled in one assignment."""
         batch = len(tokens)
@@ -135,7 +143,11 @@ class ForwardBatch:
             itertools.chain.from_iterable(pages), np.int32, int(num_pages.sum()))
         rows = np.arange(batch)
         out_slots = page_table[rows, prefix // page_size].astype(np.int64) * page_size + prefix % page_size
-        host = {"input_ids": np.fromiter(tokens, np.int64, batch), "positions": prefix, "out_slots": out_slots,
+        positions = prefix
+        if long_rope_from is not None:
+            long = np.fromiter(long_rope, bool, batch) if long_rope is not None else np.zeros(batch, bool)
+            positions = rope_table_rows(prefix, long, long_rope_from)
+        host = {"input_ids": np.fromiter(tokens, np.int64, batch), "positions": positions, "out_slots": out_slots,
                 "page_table": page_table, "prefix_lens": prefix, "extend_lens": np.ones(batch, np.int64),
                 "seq_lens": prefix + 1, "logits_indices": rows}
         tensors = stage({name: np.asarray(a, dtype=TENSOR_FIELDS[name]) for name, a in host.items()}, device)
@@ -145,3 +157,13 @@ class ForwardBatch:
 
     def host_fields(self) -> dict:
         return {name: getattr(self, name) for name in HOST_FIELDS}
+
+
+def rope_table_rows(positions: np.ndarray, long: np.ndarray, long_from: int) -> np.ndarray:
+    """The rows of a LongRoPE model's rotary tables (``RotaryEmbedding``: short rows below ``long_from``, then the
+    long rows) for tokens at ``positions``, ``long`` for the tokens of requests that rotate long (their sequence
+    outgrew the original context; transformers then rotates every position long). A request rotated short never
+    computes a position past the original context (the scheduler computes it again, long, first)."""
+    if (positions[~long] >= long_from).any():
+        raise ValueError(f"a request rotated short computes a position past the original context ({long_from})")
+    return positions + long_from * long

@@ -90,11 +90,22 @@ class RoundOnceRMSNorm(InferenceModule):
         return torch_fused.rms_norm_round_once(x, self.weight, self.eps, self.weight_offset)
 
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 class RotaryEmbedding(InferenceModule):
-    """RoPE with the config's theta and scaling; cos/sin are precomputed in fp32 for every position.
+    """RoPE with the config's theta and scaling; cos/sin are precomputed in fp32, one table row a position.
+
+    ``rotary_dim``: the tables' width, each head's first ``rotary_dim`` elements rotate; below ``head_dim``
+    (``partial_rotary_factor`` < 1, Phi-4-mini) the rest of each head passes unrotated, as transformers' Phi-3.
+
+    LongRoPE (``rope_type`` longrope: Phi-3.5, Phi-3 128k, Phi-4-mini) has two sets of frequencies: short ones for
+    a sequence within the model's original context (``original_max_position_embeddings``, kept as ``long_from``),
+    long ones for a longer sequence, at every position. transformers rotates a longer prompt long throughout, and
+    its Phi-3 generation computes a sequence that outgrows the original context again from the start, long; the
+    scheduler does the same (``Req.long_rope``, set at the prompt or when the sequence outgrows it). The tables
+    hold the short rows for positions below ``long_from``, then the long rows, the long row of position p at
+    ``long_from + p``; ``ForwardBatch.build`` maps each token to its row (``rope_table_rows``).
 
     The tables are computed on the CPU (the same numbers whatever the device), then placed on the device
     the module is built on (the ambient default device, ``with torch.device(...)``).
@@ -109,26 +120,39 @@ class RotaryEmbedding(InferenceModule):
             params = dict(params[layer_type])
         rope_type = params.get("rope_type", "default")
         partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
-        if partial != 1.0:
-            raise ValueError(f"rotary embeddings over part of each head (partial_rotary_factor {partial}) are not "
-                             "supported")
+        self.rotary_dim = int(head_dim * partial)
+        if not 0 < self.rotary_dim <= head_dim or self.rotary_dim % 2:
+            raise ValueError(f"partial_rotary_factor {partial} of head_dim {head_dim} gives a rotary dim of "
+                             f"{self.rotary_dim}: it must be even and within the head")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
         cpu = torch.device("cpu")
+        kind = {} if layer_type is None else {"layer_type": layer_type}
+        self.long_from: int | None = None
         if rope_type == "default":
             theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=cpu) / head_dim))
-            scaling = 1.0
+            dim = self.rotary_dim
+            inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=cpu) / dim))
+            cos, sin = _tables(inv_freq, max_positions, 1.0)
+        elif rope_type == "longrope":
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            original = int(params["original_max_position_embeddings"])
+            short, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, cpu, **kind)
+            cos, sin = _tables(short, min(original, max_positions), scaling)
+            if max_positions > original:  # else no sequence here outgrows the original context
+                self.long_from = original
+                long, _ = ROPE_INIT_FUNCTIONS[rope_type](config, cpu, seq_len=original + 1, **kind)
+                long_cos, long_sin = _tables(long, max_positions, scaling)
+                cos, sin = torch.cat((cos, long_cos)), torch.cat((sin, long_sin))
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            kind = {} if layer_type is None else {"layer_type": layer_type}
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, cpu, **kind)
-        freqs = torch.arange(max_positions, dtype=torch.float, device=cpu)[:, None] * inv_freq.to(cpu).float()[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = _tables(inv_freq, max_positions, scaling)
         device = torch.get_default_device()
-        self.register_buffer("cos_cache", (emb.cos() * scaling).to(device), persistent=False)
-        self.register_buffer("sin_cache", (emb.sin() * scaling).to(device), persistent=False)
+        self.register_buffer("cos_cache", cos.to(device), persistent=False)
+        self.register_buffer("sin_cache", sin.to(device), persistent=False)
 
     def fp32_caches(self) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin as fp32 for the fused op, also after the model was cast to bf16/fp16 (which rounds them
@@ -140,7 +164,8 @@ class RotaryEmbedding(InferenceModule):
         return self._fp32
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` ``[T, heads, D]`` and ``k`` ``[T, kv_heads, D]`` at ``positions`` ``[T]``.
+        """Rotate ``q`` ``[T, heads, D]`` and ``k`` ``[T, kv_heads, D]`` at ``positions`` ``[T]`` (rows of the
+        tables: ``ForwardBatch.positions``).
 
         The fused CPU op rotates them in place (they are views into the QKV projection's output).
         """
@@ -148,3 +173,21 @@ class RotaryEmbedding(InferenceModule):
             cpu_kernels.rotary_embedding(positions, q, k, *self.fp32_caches())
             return q, k
         return torch_fused.rotary(positions, q, k, self.cos_cache, self.sin_cache)
+
+
+def long_rope_from(model: nn.Module) -> int | None:
+    """A LongRoPE model's original context (its rotary tables' ``long_from``); None for any other model."""
+    values = {m.long_from for m in model.modules() if isinstance(m, RotaryEmbedding)}
+    if len(values) > 1:
+        raise ValueError(f"rotary embeddings with different original contexts ({sorted(map(str, values))}) are not "
+                         "supported")
+    return values.pop() if values else None
+
+
+def _tables(inv_freq: torch.Tensor, positions: int, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos/sin rows of positions ``0 .. positions - 1``, as transformers computes them: ``cat(freqs, freqs)``
+    of ``position * inv_freq``, times the attention scaling."""
+    cpu = torch.device("cpu")
+    freqs = torch.arange(positions, dtype=torch.float, device=cpu)[:, None] * inv_freq.to(cpu).float()[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * scaling, emb.sin() * scaling

@@ -33,6 +33,7 @@ from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.lora import Adapters
 from radixrt.model.families import model_class, served_config, text_model_tensors
 from radixrt.model.fp8 import fp8_scheme
+from radixrt.model.layers import long_rope_from
 from radixrt.model.llama import (
     check_tensor_parallel,
     head_dim_of,
@@ -170,6 +171,7 @@ class ModelRunner:
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(self.device):
             self.model = model_class(self.config)(self.config, max_positions=self.context_length, tp=tp)
+        self.long_rope_from = long_rope_from(self.model)  # forward batches map positions to its rotary rows
         self.model.fp8_scheme = fp8_scheme(self.config, quantization)
         self.model.load_weights(text_model_tensors(iterate_safetensors(self.model_path)))
         self.model.to(self.dtype)

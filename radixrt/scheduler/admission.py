@@ -53,6 +53,10 @@ RETRACT_RATIO_STEP = 0.2
 DEDUP_MIN_TOKENS = 32
 
 
+RETRACTION_REASONS = {"memory": "under memory pressure", "preempted": "for a more urgent request",
+                      "long_rope": "to compute it again with the long rotary frequencies"}
+
+
 class Admission:
     def __init__(self, args: ServerArgs, cache: RadixCache, memory: Memory, page_size: int) -> None:
         self.args = args
@@ -64,27 +68,31 @@ class Admission:
         self.admitted_now: set[int] = set()  # ids of the requests the latest admission took in
         self.num_retractions = 0
         self.num_preemptions = 0
+        self.num_long_rope_restarts = 0
         self.hit_tokens = 0  # prompt tokens served by the cache
         self.miss_tokens = 0  # prompt tokens computed
 
     # ----- the queue ----------------------------------------------------------------------------------
 
-    def take_back(self, req: Req, preempted: bool = False) -> None:
+    def take_back(self, req: Req, reason: str = "memory") -> None:
         """A retracted request (pages released) waits at the head of the queue (first among the requests of
-        its priority), to be computed again, mostly from the cache. After a retraction under memory pressure
-        admission reserves more room for future decodes; a preemption says nothing about memory."""
+        its priority), to be computed again, mostly from the cache. ``reason``: ``memory`` (memory pressure: admission
+        reserves more room for future decodes), ``preempted`` (for a more urgent request: that says nothing about
+        memory) or ``long_rope`` (its sequence outgrew a LongRoPE model's original context: computed again with the
+        long frequencies)."""
         if not req.input_logprobs_sent:  # its prompt is computed again from the first logprob position on
             req.input_logprobs.clear()
             req.input_top_logprobs.clear()
         req.num_retractions += 1
-        if preempted:
+        if reason == "preempted":
             self.num_preemptions += 1
-        else:
+        elif reason == "memory":
             self.num_retractions += 1
             self.new_token_ratio = min(1.0, self.new_token_ratio + RETRACT_RATIO_STEP)
+        else:
+            self.num_long_rope_restarts += 1
         self.waiting.insert(0, req)
-        logger.info("retracted %s (%d outputs) %s", req.rid, len(req.output_ids),
-                    "for a more urgent request" if preempted else "under memory pressure")
+        logger.info("retracted %s (%d outputs) %s", req.rid, len(req.output_ids), RETRACTION_REASONS[reason])
 
     def decay(self) -> None:
         """A step ran: the estimate of future decodes relaxes toward its floor."""
@@ -268,7 +276,7 @@ class Admission:
             released += self._future_pages(victim)
             running.remove(victim)
             self.memory.release(victim)
-            self.take_back(victim, preempted=True)
+            self.take_back(victim, "preempted")
         return released
 
 

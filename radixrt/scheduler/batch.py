@@ -54,11 +54,13 @@ def logits_from(req: Req, n: int) -> int:
     return n - 1
 
 
-def build_forward_batch(plan: Plan, page_size: int, device: torch.device | str) -> ForwardBatch:
-    """The forward's metadata; every planned request's pages must already cover its new tokens."""
-    chunks = [SeqChunk(_tokens(req, n), req.num_computed, req.pages, logits_from(req, n), req.lora_uid)
-              for req, n in plan]
-    batch = ForwardBatch.build(chunks, page_size, device)
+def build_forward_batch(plan: Plan, page_size: int, device: torch.device | str,
+                        long_rope_from: int | None = None) -> ForwardBatch:
+    """The forward's metadata; every planned request's pages must already cover its new tokens. ``long_rope_from``:
+    a LongRoPE model's original context (``ModelRunner.long_rope_from``)."""
+    chunks = [SeqChunk(_tokens(req, n), req.num_computed, req.pages, logits_from(req, n), req.lora_uid,
+                       req.long_rope) for req, n in plan]
+    batch = ForwardBatch.build(chunks, page_size, device, long_rope_from)
     batch.return_hidden = any(req.embed and req.num_computed + n == req.total_len for req, n in plan)
     return batch
 

@@ -89,14 +89,16 @@ def launch(plan: Plan, logits: torch.Tensor, vocab_size: int) -> Launched:
     return Launched(plan, tokens, host, ready)
 
 
-def continuation(launched: Launched, context_length: int) -> Plan | None:
+def continuation(launched: Launched, context_length: int, long_rope_from: int | None = None) -> Plan | None:
     """The next decode step of the launched requests, each decoding its in-flight token, less those that end by
-    length with it (they would only waste a row); None when a request needs its token on the host first."""
+    length with it (they would only waste a row); None when a request needs its token on the host first, or
+    outgrows a LongRoPE model's original context with it (``long_rope_from``: the synchronous step computes it
+    again, rotated long)."""
     plan = []
     for req, _ in launched.plan:
         if req.finished:
             continue
-        if not overlappable(req, in_flight=1):
+        if not overlappable(req, in_flight=1) or req.outgrows_short_rope(long_rope_from, in_flight=1):
             return None
         outputs = len(req.output_ids) + 1  # the in-flight token included
         if outputs < req.params.max_new_tokens and req.total_len + 1 < context_length:
@@ -104,13 +106,15 @@ def continuation(launched: Launched, context_length: int) -> Plan | None:
     return plan
 
 
-def continuation_batch(plan: Plan, launched: Launched, page_size: int, device: torch.device) -> ForwardBatch:
+def continuation_batch(plan: Plan, launched: Launched, page_size: int, device: torch.device,
+                       long_rope_from: int | None = None) -> ForwardBatch:
     """The forward batch of ``plan``: each request's token is its in-flight one, read on the device."""
     row_of = {id(req): row for row, (req, _) in enumerate(launched.plan)}
     reqs = [req for req, _ in plan]
     # built with the launched rows in place of the tokens (one copy to the device), then gathered there
     batch = ForwardBatch.build_decode([row_of[id(req)] for req in reqs], [req.num_computed for req in reqs],
                                       [req.pages for req in reqs], page_size, device,
-                                      [req.lora_uid for req in reqs])
+                                      [req.lora_uid for req in reqs], [req.long_rope for req in reqs],
+                                      long_rope_from)
     batch.input_ids = launched.tokens[batch.input_ids]
     return batch

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixrt.detokenize import TextStream
-from radixrt.memory.radix_cache import cache_namespace
+from radixrt.memory.radix_cache import cache_namespace, long_rope_namespace
 from radixrt.protocol.messages import FinishReason, GenerateReq
 from radixrt.sampling.params import SamplingParams
 
@@ -65,12 +65,16 @@ class Req:
     # computed through other weights, or for a request of another key, is never shared.
     lora_uid: int = 0
     cache_namespace: int = 0
+    # A LongRoPE model's request whose sequence outgrew the original context: every position rotates with the long
+    # frequencies (radixrt.model.forward_batch.rope_table_rows), its K/V in a namespace of its own.
+    long_rope: bool = False
 
     @classmethod
     def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu",
-                     lora_uid: int = 0) -> "Req":
+                     lora_uid: int = 0, long_rope_from: int | None = None) -> "Req":
         """``drawn_seed`` seeds a sampled request that brings no seed of its own; ``lora_uid`` is the loaded
-        adapter ``msg.lora_path`` names."""
+        adapter ``msg.lora_path`` names; ``long_rope_from``: a LongRoPE model's original context."""
+        long_rope = long_rope_from is not None and len(msg.input_ids) > long_rope_from
         req = cls(
             rid=msg.rid,
             prompt_ids=list(msg.input_ids),
@@ -82,7 +86,8 @@ class Req:
             priority=msg.priority if msg.priority is not None else 0,
             embed=msg.embed,
             lora_uid=lora_uid,
-            cache_namespace=cache_namespace(lora_uid, msg.cache_key),
+            cache_namespace=cache_namespace(lora_uid, msg.cache_key, long_rope),
+            long_rope=long_rope,
         )
         if not msg.params.greedy:
             # Every sampled request draws from its own generator, so its tokens do not depend on the batch.
@@ -117,6 +122,19 @@ class Req:
     @property
     def total_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    def outgrows_short_rope(self, long_rope_from: int | None, in_flight: int = 0) -> bool:
+        """Whether the request's sequence (with ``in_flight`` sampled tokens not yet in ``output_ids``) outgrew a
+        LongRoPE model's original context while rotated short: it must then be computed again, every position with
+        the long frequencies, as transformers' Phi-3 generation recomputes it once its sequence first exceeds that
+        context (``switch_to_long_rope``)."""
+        return long_rope_from is not None and not self.long_rope and self.total_len + in_flight > long_rope_from
+
+    def switch_to_long_rope(self) -> None:
+        """Rotate long from now on, in the long-rope namespace of the radix cache (its pages released first)."""
+        assert not self.pages and self.node is None, "release the request's pages before its namespace changes"
+        self.long_rope = True
+        self.cache_namespace = long_rope_namespace(self.cache_namespace)
 
     @property
     def final_len(self) -> int:

@@ -112,7 +112,7 @@ class Scheduler:
                                       grammars, self.memory, sink)
         self.speculator: Speculator | None = None
         if args.speculative_algorithm is not None:
-            self.speculator = Speculator(args, self.cache, self.memory, self.context_length)
+            self.speculator = Speculator(args, self.cache, self.memory, self.context_length, runner.long_rope_from)
             self.output.speculator = self.speculator
         self.inbox: deque[GenerateReq | AbortReq | ControlReq] = deque()
         self.running: list[Req] = []
@@ -182,7 +182,8 @@ class Scheduler:
             if msg.session is not None:
                 msg = self.sessions.resolve(msg)  # an unknown session or rid: this request's 400
             self.validate(msg)
-            req = Req.from_message(msg, seed, self.runner.device, lora.adapter_uid(self.runner, msg.lora_path))
+            req = Req.from_message(msg, seed, self.runner.device, lora.adapter_uid(self.runner, msg.lora_path),
+                                   self.runner.long_rope_from)
         except RequestError as exc:
             self._refuse(msg, FinishReason.error(str(exc), status_of(exc)))
             return
@@ -264,6 +265,16 @@ class Scheduler:
             self.profiler.step()
         return busy
 
+    def _restart_long_rope(self) -> None:
+        """LongRoPE: a running request whose sequence outgrew the original context is computed again from its first
+        token with the long frequencies, as transformers' Phi-3 generation recomputes it then; its short-rotated
+        pages stay cached for other requests rotated short."""
+        for req in [r for r in self.running if r.outgrows_short_rope(self.runner.long_rope_from)]:
+            self.memory.release(req)
+            req.switch_to_long_rope()
+            self.running.remove(req)
+            self.admission.take_back(req, "long_rope")
+
     def _step(self, started: float) -> bool:
         if self.launched is not None:
             if self._continue_launched(started):
@@ -276,6 +287,7 @@ class Scheduler:
             self.sessions.ended(req.rid)
             self.output.emit([req])
         self.sessions.expire()
+        self._restart_long_rope()
         self.admission.admit(self.running)
         plan = plan_batch(self.running, self.args.chunked_prefill_size, self.args.enable_mixed_chunk)
         if not plan:
@@ -292,7 +304,7 @@ class Scheduler:
             plan = self.speculator.draft(plan)
         forward_started = time.perf_counter()
         try:
-            batch = build_forward_batch(plan, self.page_size, self.runner.device)
+            batch = build_forward_batch(plan, self.page_size, self.runner.device, self.runner.long_rope_from)
             logits = self.runner.forward(batch)
         except Exception as exc:
             self._fail_batch(plan, exc)
@@ -342,11 +354,11 @@ class Scheduler:
         launched = self.launched
         if self.admission.could_admit(self.running) or not launched.holds(self.running):
             return False
-        plan = continuation(launched, self.context_length)
+        plan = continuation(launched, self.context_length, self.runner.long_rope_from)
         if not plan or not self.memory.reserve_without_retraction(plan):
             return False
         try:
-            batch = continuation_batch(plan, launched, self.page_size, self.runner.device)
+            batch = continuation_batch(plan, launched, self.page_size, self.runner.device, self.runner.long_rope_from)
             self.launched = launch(plan, self.runner.forward(batch), self.vocab_size)
             self.launched_steps += 1
         except Exception as exc:

@@ -233,7 +233,10 @@ class StepCost:
 
 
 class Speculator:
-    def __init__(self, args: ServerArgs, cache: RadixCache, memory: Memory, context_length: int) -> None:
+    def __init__(self, args: ServerArgs, cache: RadixCache, memory: Memory, context_length: int,
+                 long_rope_from: int | None = None) -> None:
+        """``long_rope_from``: a LongRoPE model's original context, which a request rotated short drafts no token
+        past (the scheduler computes it again, rotated long, once its sequence outgrows that context)."""
         if args.speculative_algorithm not in ALGORITHMS:
             raise ValueError(f"speculative_algorithm must be one of {', '.join(ALGORITHMS)}; "
                              f"got {args.speculative_algorithm!r}")
@@ -250,6 +253,7 @@ class Speculator:
         self.memory = memory
         self.page_size = memory.page_size
         self.context_length = context_length
+        self.long_rope_from = long_rope_from
         self.from_cache = not args.disable_speculative_cache_drafts and not cache.disabled
         self.history = History(args.speculative_ngram_capacity, self.min_window, self.max_window)
         self.drafted = 0
@@ -279,6 +283,8 @@ class Speculator:
 
     def _draft(self, req: Req, token_cost: float) -> int:
         room = min(req.params.max_new_tokens - len(req.output_ids), self.context_length - req.total_len) - 1
+        if self.long_rope_from is not None and not req.long_rope:
+            room = min(room, self.long_rope_from - req.total_len)
         if room < 1:
             return 0
         state = req.spec

@@ -23,7 +23,7 @@ from radixrt.bench.sim.fake_runner import stored_id
 from radixrt.bench.sim.oracle import DeltaSink, SoloOracle, build_scheduler, generate_req, same_outcome
 from radixrt.bench.sim.workload import Knobs, SimRequest, Workload, generate
 from radixrt.bench.sim.world import World, load_world
-from radixrt.memory.radix_cache import NAMESPACE_STRIDE
+from radixrt.memory.radix_cache import LONG_ROPE_BIT, NAMESPACE_STRIDE
 from radixrt.protocol.messages import AbortReq, ControlReq, FinishReason, FlushCacheReq, SessionParams
 
 LATE_ABORT_STEPS = 5  # a "late" abort with k fires 5 * k + 1 steps after submission, whatever the state
@@ -53,6 +53,7 @@ class SeedResult:
     spec_verify_steps: int = 0  # speculative decoding: request verify steps
     spec_accepted_tokens: int = 0  # draft tokens that became output
     session_turns: int = 0  # conversation turns that continued a session's earlier turn by rid
+    long_rope_restarts: int = 0  # requests computed again, rotated long, when their outputs outgrew the context
     seconds: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)
 
@@ -135,6 +136,7 @@ class Simulation:
         self.result.evicted_pages = self.scheduler.cache.stats.evicted_pages
         self.result.jump_forwards = self.scheduler.jump_forwards
         self.result.launched_steps = self.scheduler.launched_steps
+        self.result.long_rope_restarts = self.scheduler.admission.num_long_rope_restarts
         stats = self.scheduler.stats()
         self.result.spec_verify_steps = stats.spec_verify_steps
         self.result.spec_accepted_tokens = stats.spec_accepted_tokens
@@ -229,7 +231,7 @@ class Simulation:
         for req in self.scheduler.running:
             # under overlap scheduling the token in flight is computed before the host knows it
             ids = [stored_id(t, req.lora_uid) for t in req.fill_ids] if req.lora_uid else req.fill_ids
-            bad = runner.kv_mismatches(ids, req.pages, min(req.num_computed, req.total_len))
+            bad = runner.kv_mismatches(ids, req.pages, min(req.num_computed, req.total_len), long_rope=req.long_rope)
             if bad:
                 raise SimFailure("kv-corruption", f"after step {self.step}: {req.rid} reads wrong KV at positions "
                                  f"{bad[:8]} (pages {req.pages}, {req.num_tree_pages} from the tree)")
@@ -237,10 +239,12 @@ class Simulation:
         while stack:
             node, prefix = stack.pop()
             tokens = prefix + list(node.key)
-            # a key holds token + namespace * NAMESPACE_STRIDE; the namespace's low bits are the adapter's uid
-            ids = [stored_id(k % NAMESPACE_STRIDE, (k // NAMESPACE_STRIDE) % NAMESPACE_STRIDE) for k in tokens]
+            # a key holds token + namespace * NAMESPACE_STRIDE; the namespace's low 31 bits are the adapter's uid,
+            # its bit 31 says the sequence rotates long
+            namespace = tokens[0] // NAMESPACE_STRIDE % NAMESPACE_STRIDE
+            ids = [stored_id(k % NAMESPACE_STRIDE, namespace % LONG_ROPE_BIT) for k in tokens]
             bad = runner.kv_mismatches(ids, [0] * (len(prefix) // self.knobs.page_size) + node.pages,
-                                       len(tokens), first=len(prefix))
+                                       len(tokens), first=len(prefix), long_rope=bool(namespace & LONG_ROPE_BIT))
             if bad:
                 raise SimFailure("kv-corruption", f"after step {self.step}: tree node {node!r} holds wrong KV at "
                                  f"positions {bad[:8]}")
@@ -284,7 +288,7 @@ class Simulation:
                 raise SimFailure("finish", f"{rid}: finish reason {reason}")
             else:
                 solo = self.oracle.run(spec, self.prompts[rid], self.knobs.jump_forward, self.vocab_size,
-                                       self.knobs.copying)
+                                       self.knobs.copying, self.knobs.long_rope_from)
                 problem = same_outcome(self.sink.outcome(rid), solo)
                 if problem:
                     raise SimFailure("mismatch", f"{rid}: {problem} (prompt {len(self.prompts[rid])} tokens)")
@@ -300,7 +304,7 @@ class Simulation:
             raise SimFailure("unexpected-abort", f"{spec.rid}: {reason}")
         if emitted:
             solo = self.oracle.run(spec, self.prompts[spec.rid], self.knobs.jump_forward, self.vocab_size,
-                                   self.knobs.copying)
+                                   self.knobs.copying, self.knobs.long_rope_from)
             if spec.grammar is not None and self.knobs.jump_forward:
                 # An abort sends the tokens held back for jump-forward as they are; run on, jump-forward
                 # may have re-tokenised them ("alpha beta " + "delta" -> "alpha beta" + " delta"): same text.

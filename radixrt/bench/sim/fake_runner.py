@@ -2,13 +2,15 @@
 real page pool, so that any page-table or page-sharing mistake of the scheduler changes its outputs.
 
 What the scheduler uses of a runner, and only that: ``forward(batch)``, ``pool``, ``page_size``,
-``config.vocab_size``, ``context_length``, ``device``, and ``adapters`` for LoRA requests (``FakeAdapters``:
-three names and their uids).
+``config.vocab_size``, ``context_length``, ``device``, ``long_rope_from``, and ``adapters`` for LoRA requests
+(``FakeAdapters``: three names and their uids).
 
 The KV pool is a real ``PagePool`` with a tiny layout (1 layer, 1 head, head_dim 2, fp32). ``forward``:
 1. writes every new token's (id, position) into its K slot (``batch.out_slots``), as attention writes K/V; a
    token computed through LoRA adapter u stores ``stored_id(id, u)`` instead, so what an adapter writes differs
-   from what the base model or another adapter writes for the same tokens;
+   from what the base model or another adapter writes for the same tokens; with ``long_rope_from`` (a LongRoPE
+   model's original context) the position is its rotary row (``rope_table_rows``), which differs for a sequence
+   rotated long;
 2. reads back, through each request's page table, the (id, position) of every position up to the request's
    sequence length, and hashes each prefix (a polynomial hash over (id, stored position) pairs);
 3. turns the hash of the prefix ending at each logits row into that row: ``NUM_WORDS`` ordinary word tokens
@@ -63,8 +65,9 @@ class FakeAdapters:
 
 class FakeRunner:
     def __init__(self, vocab_size: int, word_ids: list[int], eos_id: int, page_size: int, num_pages: int,
-                 context_length: int = 2048, copying: bool = False) -> None:
+                 context_length: int = 2048, copying: bool = False, long_rope_from: int | None = None) -> None:
         self.copying = copying
+        self.long_rope_from = long_rope_from
         self.config = SimpleNamespace(vocab_size=vocab_size)
         self.context_length = context_length
         self.device = torch.device("cpu")
@@ -93,14 +96,15 @@ class FakeRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         # numpy views of the batch's tensors: these arrays are tiny, and numpy's per-op cost is the lower
         page_size, kv = self.page_size, self._kv_numpy
-        out_slots, positions = batch.out_slots.numpy(), batch.positions.numpy()
+        out_slots, rope_rows = batch.out_slots.numpy(), batch.positions.numpy()
+        positions = self._positions(rope_rows)
         ids = batch.input_ids.numpy()
         if batch.lora_spans:
             ids = ids.copy()
             for uid, start, end in batch.lora_spans:
                 ids[start:end] = stored_id(ids[start:end], uid)
         kv[out_slots, 0] = ids
-        kv[out_slots, 1] = positions
+        kv[out_slots, 1] = rope_rows  # a position, or with LongRoPE the rotary row: K differs when rotated long
 
         seq_lens = batch.seq_lens.numpy().astype(np.int64)
         table = batch.page_table.numpy().astype(np.int64)
@@ -122,6 +126,12 @@ class FakeRunner:
         if self.copying:
             self._copy(logits, stored[owner[rows], :, 0] % ADAPTER_STRIDE, positions[rows], hashes)  # token ids
         return logits
+
+    def _positions(self, rope_rows: np.ndarray) -> np.ndarray:
+        """The positions of the rotary rows a batch carries (``rope_table_rows``: long rows start at long_from)."""
+        if self.long_rope_from is None:
+            return rope_rows
+        return rope_rows - self.long_rope_from * (rope_rows >= self.long_rope_from)
 
     @staticmethod
     def _copy(logits: torch.Tensor, ids: np.ndarray, last: np.ndarray, hashes: np.ndarray) -> None:
@@ -145,16 +155,18 @@ class FakeRunner:
         logits[:, self.scored_ids] = torch.from_numpy(scores)
         return logits
 
-    def kv_mismatches(self, token_ids: list[int], pages: list[int], num_tokens: int, first: int = 0) -> list[int]:
+    def kv_mismatches(self, token_ids: list[int], pages: list[int], num_tokens: int, first: int = 0,
+                      long_rope: bool = False) -> list[int]:
         """Positions in ``first..num_tokens-1`` whose slots (through ``pages``) do not hold ``token_ids`` there (the
-        stored ids: see ``stored_id``)."""
+        stored ids: see ``stored_id``) at their rotary rows (``long_rope``: a sequence rotated long)."""
         if num_tokens <= first:
             return []
         positions = np.arange(first, num_tokens)
         table = np.asarray(pages, dtype=np.int64)
         stored = self._kv_numpy[table[positions // self.page_size] * self.page_size + positions % self.page_size]
         want = np.asarray(token_ids[first:num_tokens], dtype=np.float32)
-        bad = (stored[:, 0] != want) | (stored[:, 1] != positions)
+        rows = positions + self.long_rope_from * long_rope if self.long_rope_from is not None else positions
+        bad = (stored[:, 0] != want) | (stored[:, 1] != rows)
         return positions[bad].tolist()
 
 

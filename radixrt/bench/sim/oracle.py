@@ -52,7 +52,7 @@ def server_args(knobs: Knobs, num_pages: int) -> ServerArgs:
 def build_scheduler(world: World, knobs: Knobs, num_pages: int, sink: Callable[[BatchTokenOut], None],
                     vocab_size: int) -> tuple[Scheduler, FakeRunner]:
     runner = FakeRunner(vocab_size, world.word_ids + world.punctuation_ids, world.eos_id,
-                        knobs.page_size, num_pages, copying=knobs.copying)
+                        knobs.page_size, num_pages, copying=knobs.copying, long_rope_from=knobs.long_rope_from or None)
     args = server_args(knobs, num_pages)
     scheduler = Scheduler(args, runner, world.tokenizer, world.eos_ids, sink, world.grammars(knobs.jump_forward))
     return scheduler, runner
@@ -153,23 +153,24 @@ class SoloOracle:
         self.runs = 0
 
     def run(self, spec: SimRequest, prompt: list[int], jump_forward: bool, vocab_size: int,
-            copying: bool = False) -> Outcome:
+            copying: bool = False, long_rope_from: int = 0) -> Outcome:
         """``vocab_size``: the logits' width in the run compared (sampling noise is drawn over the whole row);
-        ``copying``: the fake model's (the solo run never speculates)."""
+        ``copying`` and ``long_rope_from``: the fake model's (the solo run never speculates)."""
         key = (tuple(prompt), msgspec.json.encode(spec.params), spec.grammar, spec.return_logprob,
-               spec.logprob_start_len, spec.top_logprobs_num, jump_forward, vocab_size, copying, spec.lora_path)
+               spec.logprob_start_len, spec.top_logprobs_num, jump_forward, vocab_size, copying, spec.lora_path,
+               long_rope_from)
         outcome = self.memo.get(key)
         if outcome is None:
-            outcome = self.memo[key] = self._run(spec, prompt, jump_forward, vocab_size, copying)
+            outcome = self.memo[key] = self._run(spec, prompt, jump_forward, vocab_size, copying, long_rope_from)
         return outcome
 
     def _run(self, spec: SimRequest, prompt: list[int], jump_forward: bool, vocab_size: int,
-             copying: bool) -> Outcome:
+             copying: bool, long_rope_from: int) -> Outcome:
         self.runs += 1
         num_pages = math.ceil((len(prompt) + spec.params.max_new_tokens) / SOLO_PAGE_SIZE) + 4
         knobs = Knobs(page_size=SOLO_PAGE_SIZE, radix_cache=False, partial_page_reuse=False,
                       chunked_prefill_size=len(prompt) + spec.params.max_new_tokens + 1, jump_forward=jump_forward,
-                      copying=copying)
+                      copying=copying, long_rope_from=long_rope_from)
         sink = DeltaSink()
         scheduler, _ = build_scheduler(self.world, knobs, num_pages, sink, vocab_size)
         scheduler.submit(generate_req(spec, prompt))

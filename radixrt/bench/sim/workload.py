@@ -16,7 +16,8 @@ logprobs, an abort: on arrival, while queued, mid-prefill, mid-decode, after a r
 ``priorities``, a priority whose gaps exceed the preemption threshold (urgent requests preempt running ones); with
 ``lora``, one of three LoRA adapters or none (the fake model writes K/V that depends on the adapter, so a prefix
 shared across adapters changes the outputs) and a cache isolation key or none, with at most
-``max_loras_per_batch`` adapters a batch.
+``max_loras_per_batch`` adapters a batch. With ``long_rope_from``, the fake model rotates long (its K/V differs)
+the sequences longer than that: prompts past it, and requests computed again when their outputs outgrow it.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class Knobs:
     sessions: bool = False  # a multi-turn conversation runs in a session: later turns continue it by rid
     lora: bool = False  # requests through LoRA adapters (and with cache isolation keys)
     max_loras_per_batch: int = 8
+    long_rope_from: int = 0  # the fake model's LongRoPE original context (0: none): longer sequences rotate long
 
     @classmethod
     def from_seed(cls, seed: int, **overrides) -> "Knobs":
@@ -101,6 +103,7 @@ class Knobs:
                               sessions=random.Random(f"sessions-{seed}").random() < 0.5)
         lora = random.Random(f"lora-{seed}")
         knobs = knobs.replace(lora=lora.random() < 0.5, max_loras_per_batch=lora.choice((1, 2, 8)))
+        knobs = knobs.replace(long_rope_from=random.Random(f"long-rope-{seed}").choice((0, 0, 24, 64)))
         return knobs.replace(**overrides)
 
     def replace(self, **changes) -> "Knobs":
