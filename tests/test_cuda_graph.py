@@ -165,11 +165,12 @@ def test_the_model_forward_captures_without_a_sync(runners):
     assert len(graphed.graphs.graphs) == 3
 
 
-@pytest.mark.parametrize("family", ["gemma3", "olmo2", "qwen3-moe"])
+@pytest.mark.parametrize("family", ["gemma3", "olmo2", "phi4-mini", "smollm3", "qwen3-moe"])
 def test_other_families_capture_without_a_sync_but_experts(tmp_path, family):
-    """Gemma 3's and OLMo 2's decode forwards capture (their norms, gate and scaled embedding make no host tensor and
-    read no device value) and replay their eager logits; a mixture of experts reads its experts' row counts on the
-    host, so it cannot be captured: the runner leaves graphs off for it on CUDA (test_moe.py)."""
+    """Gemma 3's, OLMo 2's, Phi-4-mini's (a partial rotary) and SmolLM3's (layers without rotary) decode forwards
+    capture (their norms, gate, rotary and scaled embedding make no host tensor and read no device value) and replay
+    their eager logits; a mixture of experts reads its experts' row counts on the host, so it cannot be captured: the
+    runner leaves graphs off for it on CUDA (test_moe.py)."""
     save_tiny_model(family, tmp_path)
     make = lambda **kw: ModelRunner(tmp_path, dtype="float32", page_size=PAGE, num_pages=64,  # noqa: E731
                                     attention_backend="triton", **kw)

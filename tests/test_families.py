@@ -22,7 +22,7 @@ PROMPTS = [[5, 9, 3, 77, 12, 40, 8, 1, 99, 23, 64, 7], [17, 2, 3], [100, 42, 42,
 NEW_TOKENS = 12
 
 
-@pytest.mark.parametrize("family", ["gemma3", "olmo2", "granite", "phi3", "phi4-mini"])
+@pytest.mark.parametrize("family", ["gemma3", "olmo2", "granite", "phi3", "phi4-mini", "smollm3"])
 def test_batched_greedy_tokens_equal_transformers_for_each_request_alone(tmp_path, family):
     hf_model = save_tiny_model(family, tmp_path, init_std=0.25)  # logits far from flat: each position counts
     greedy = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)

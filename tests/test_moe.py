@@ -1,4 +1,4 @@
-"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE) through the scheduler: the greedy tokens of several
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite-MoE) through the scheduler: the greedy tokens of several
 requests batched together equal transformers' for each alone; experts stored as 3-D tensors load as per-expert
 ones do; under deterministic inference a request's logprobs keep their bits whatever shares its batch (each
 row's experts run on radixrt's row-invariant kernels and are summed in a fixed order); what does not run with

@@ -7,13 +7,14 @@ from pathlib import Path
 import torch
 
 FAMILIES = ("llama", "llama3-scaled", "mistral", "qwen2", "qwen3", "untied-gqa1", "mixtral", "qwen2-moe", "qwen3-moe",
-            "gemma3", "olmo2", "granite", "phi3", "phi4-mini")
-MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe")
+            "gemma3", "olmo2", "granite", "phi3", "phi4-mini", "smollm3", "granite-moe")
+MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe", "granite-moe")
 
 
 def tiny_config(family: str):
-    from transformers import (Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config,
-                              Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
+    from transformers import (Gemma3TextConfig, GraniteConfig, GraniteMoeConfig, LlamaConfig, MistralConfig, MixtralConfig,
+                              Olmo2Config, Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig,
+                              SmolLM3Config)
 
     common = dict(
         vocab_size=128,
@@ -57,6 +58,10 @@ def tiny_config(family: str):
     if family == "granite":  # every scaling away from 1
         return GraniteConfig(**common, embedding_multiplier=6.0, residual_multiplier=1.5, attention_multiplier=2.0,
                              logits_scaling=0.5, tie_word_embeddings=True)
+    if family == "granite-moe":  # Granite's scalings; 5 experts, 2 a token, the top 2 logits softmaxed
+        return GraniteMoeConfig(**{**common, "intermediate_size": 32}, num_local_experts=5, num_experts_per_tok=2,
+                                embedding_multiplier=6.0, residual_multiplier=1.5, attention_multiplier=2.0,
+                                logits_scaling=0.5, tie_word_embeddings=True)
     if family == "phi3":  # q/k/v and gate/up stored fused; a sliding window, as Phi-3-mini has
         return Phi3Config(**common, sliding_window=6, tie_word_embeddings=False, pad_token_id=None, eos_token_id=None)
     if family == "phi4-mini":  # as Phi-4-mini: 3/4 of each head rotated, LongRoPE past an original context of 8
@@ -64,6 +69,9 @@ def tiny_config(family: str):
                 "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5], "long_factor": [1.5, 3.0, 6.0, 12.0, 24.0, 48.0]}
         return Phi3Config(**common, tie_word_embeddings=True, pad_token_id=None, eos_token_id=None,
                           original_max_position_embeddings=8, rope_parameters=rope)
+    if family == "smollm3":  # as SmolLM3: every n-th layer without rotary (NoPE), here the second of two
+        return SmolLM3Config(**common, no_rope_layer_interval=2, rope_theta=50000.0, tie_word_embeddings=True,
+                             pad_token_id=None, bos_token_id=None, eos_token_id=None)
     if family == "olmo2":
         return Olmo2Config(**common, tie_word_embeddings=False)
     raise ValueError(family)

@@ -3,7 +3,7 @@
 An :class:`AttentionBackend` serves every attention layer of one model over one ``PagePool``. A layer calls
 ``q = backend.rope_and_store(layer, rotary, positions, q, k, v, batch)``: rotary embedding of ``q``/``k`` at
 ``positions``, and the new K/V (``[tokens, kv_heads, head_dim]``) stored into their slots (``batch.out_slots``)
-of that layer's pages; then ``backend.attend_layer(layer, q, batch, sm_scale, sliding_window)``: the queries
+of that layer's pages (a layer without rotary: ``backend.store_layer(layer, k, v, batch)``); then ``backend.attend_layer(layer, q, batch, sm_scale, sliding_window)``: the queries
 (``[tokens, heads, head_dim]``) over each request's paged history, causal and within the sliding window
 (0: none). A backend may fuse the first step into one kernel (the Triton backend does on a GPU); the default
 rotates with the model's ``RotaryEmbedding`` and then calls ``store_kv``. ``backend(layer, q, k, v, ...)``
@@ -54,8 +54,12 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """Rotate ``q`` and ``k`` at ``positions``, store ``k``/``v`` in ``layer``'s pages; the rotated ``q``."""
         q, k = rotary(positions, q, k)
-        self.store_kv(self.pool.k_caches[layer], self.pool.v_caches[layer], batch.out_slots, k, v)
+        self.store_layer(layer, k, v, batch)
         return q
+
+    def store_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
+        """Store ``k``/``v`` as they are in ``layer``'s pages (a layer without rotary)."""
+        self.store_kv(self.pool.k_caches[layer], self.pool.v_caches[layer], batch.out_slots, k, v)
 
     def attend_layer(
         self, layer: int, q: torch.Tensor, batch: ForwardBatch, sm_scale: float, sliding_window: int

@@ -1,6 +1,7 @@
-"""The Llama-style decoder family: Llama 2/3, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm), Granite (scaled
-embedding, residual branches, scores and logits), Phi-3 and Phi-4 (q/k/v and gate/up stored fused), and the
-mixture-of-experts kin Mixtral, Qwen2-MoE and Qwen3-MoE (the same attention; the MLP in ``model/moe.py``).
+"""The Llama-style decoder family: Llama 2/3, SmolLM, SmolLM3 (layers without rotary), Mistral, Qwen2 (qkv bias), Qwen3
+(q/k norm), Granite (scaled embedding, residual branches, scores and logits), Phi-3 and Phi-4 (q/k/v and gate/up stored
+fused; partial rotary and LongRoPE: ``model/layers.py``), and the mixture-of-experts kin Mixtral, Qwen2-MoE, Qwen3-MoE
+and Granite-MoE (the same attention; the MLP in ``model/moe.py``).
 
 Tensor parallel (``tp``): each rank holds ``heads / tp_size`` query heads and their K/V heads; where ranks
 outnumber the K/V heads each K/V head is replicated on ``tp_size / kv_heads`` consecutive ranks.
@@ -39,9 +40,11 @@ ARCHITECTURES = (  # those this module's LlamaForCausalLM serves (all of them: m
     "Qwen3ForCausalLM",
     "GraniteForCausalLM",
     "Phi3ForCausalLM",
+    "SmolLM3ForCausalLM",
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
+    "GraniteMoeForCausalLM",
 )
 
 
@@ -66,6 +69,12 @@ def sliding_window_of(config, layer: int) -> int:
     if layer_types is not None:
         return window if layer_types[layer] == "sliding_attention" else 0
     return window
+
+
+def uses_rope(config, layer: int) -> bool:
+    """Whether ``layer`` rotates q and k: all do but SmolLM3's NoPE layers (``no_rope_layers[layer]`` 0)."""
+    flags = getattr(config, "no_rope_layers", None)
+    return flags is None or bool(flags[layer])
 
 
 def kv_replicas(config, tp_size: int) -> int:
@@ -119,7 +128,7 @@ class Attention(InferenceModule):
         if self.qk_norm:
             self.q_norm = RMSNorm(d, config.rms_norm_eps)
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
-        self.rotary = rotary
+        self.rotary = rotary if uses_rope(config, layer) else None  # None: a NoPE layer (SmolLM3's every fourth)
         self.sm_scale = getattr(config, "attention_multiplier", None) or d**-0.5  # Granite sets it
         self.sliding_window = sliding_window_of(config, layer)
 
@@ -140,7 +149,10 @@ class Attention(InferenceModule):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q = attn.rope_and_store(self.layer, self.rotary, positions, q, k, v, batch)
+        if self.rotary is None:
+            attn.store_layer(self.layer, k, v, batch)
+        else:
+            q = attn.rope_and_store(self.layer, self.rotary, positions, q, k, v, batch)
         out = attn.attend_layer(self.layer, q, batch, self.sm_scale, self.sliding_window)
         out = out.reshape(tokens, self.num_heads * self.head_dim)
         y = self.o_proj(out)
@@ -319,17 +331,26 @@ class LlamaForCausalLM(InferenceModule):
 _MIXTRAL_EXPERT = re.compile(r"\.experts\.(\d+)\.w([123])\.")
 _MIXTRAL_NAMES = {"1": "gate_proj", "2": "down_proj", "3": "up_proj"}
 _STACKED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
+# Granite-MoE's names (after block_sparse_moe -> mlp): its stacked experts and its router
+_GRANITE_MOE_NAMES = {".mlp.input_linear.weight": ".mlp.experts.gate_up_proj",
+                      ".mlp.output_linear.weight": ".mlp.experts.down_proj",
+                      ".mlp.router.layer.weight": ".mlp.gate.weight", ".mlp.router.weight": ".mlp.gate.weight"}
 
 
 def _expert_tensors(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
     """A checkpoint's tensors with every expert named as the Qwen MoE checkpoints name it
     (``mlp.experts.E.gate_proj.weight``): Mixtral's ``block_sparse_moe.experts.E.w1/w2/w3`` renamed, and experts
     stored as one 3-D tensor per projection (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``mlp.experts.down_proj``
-    ``[E, H, I]``, as transformers lays them out in memory) split per expert. Other tensors pass unchanged."""
+    ``[E, H, I]``, as transformers lays them out in memory; Granite-MoE's ``input_linear`` and ``output_linear``)
+    split per expert, and Granite-MoE's router named as the others' (``mlp.gate``). Other tensors pass unchanged."""
     for name, tensor in weights:
         if ".block_sparse_moe." in name:
             name = name.replace(".block_sparse_moe.", ".mlp.")
             name = _MIXTRAL_EXPERT.sub(lambda m: f".experts.{m[1]}.{_MIXTRAL_NAMES[m[2]]}.", name)
+            for suffix, renamed in _GRANITE_MOE_NAMES.items():
+                if name.endswith(suffix):
+                    name = name[: -len(suffix)] + renamed
+                    break
         stacked = _STACKED_EXPERTS.search(name)
         if stacked is None or tensor.dim() != 3:
             yield name, tensor

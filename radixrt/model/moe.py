@@ -1,9 +1,10 @@
-"""Mixture-of-experts MLP blocks: Mixtral, Qwen2-MoE (with its gated shared expert) and Qwen3-MoE.
+"""Mixture-of-experts MLP blocks: Mixtral, Qwen2-MoE (with its gated shared expert), Qwen3-MoE and Granite-MoE.
 
 Routing follows transformers step for step, so its rounding is the same: router logits in the model's dtype,
 softmax in fp32, the top ``k`` experts of each token, their weights renormalised to sum to one where the family
 does (Mixtral always, the Qwen families by ``norm_topk_prob``), then cast to the model's dtype where the family
-does (the Qwen families; Mixtral scales in fp32 and rounds after).
+does (the Qwen families; Mixtral scales in fp32 and rounds after). Granite-MoE takes the top ``k`` router logits
+first and softmaxes those alone (fp32), then casts.
 
 A forward sorts the batch's (token, expert) pairs by expert, gathers their rows once, and runs each expert the
 batch hits once over its slice, through the expert's own gate/up and down products (packed for the CPU like
@@ -33,7 +34,8 @@ from radixrt.model.layers import silu_and_mul
 from radixrt.model.module import InferenceModule
 from radixrt.model.parallel import ColumnParallelLinear, PackableLinear, RowParallelLinear, TPGroup
 
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "granitemoe")
+EVERY_LAYER_SPARSE = ("mixtral", "granitemoe")  # the others keep dense MLPs in some layers
 
 
 def is_moe(config) -> bool:
@@ -41,14 +43,14 @@ def is_moe(config) -> bool:
 
 
 def num_experts_of(config) -> int:
-    if config.model_type == "mixtral":
+    if config.model_type in EVERY_LAYER_SPARSE:
         return config.num_local_experts
     return config.num_experts
 
 
 def expert_width_of(config) -> int:
     """The intermediate width of one routed expert."""
-    return config.intermediate_size if config.model_type == "mixtral" else config.moe_intermediate_size
+    return config.intermediate_size if config.model_type in EVERY_LAYER_SPARSE else config.moe_intermediate_size
 
 
 def shared_expert_width_of(config) -> int:
@@ -61,7 +63,7 @@ def is_sparse_layer(config, layer: int) -> bool:
     and between every ``decoder_sparse_step``-th layer)."""
     if not is_moe(config):
         return False
-    if config.model_type == "mixtral":
+    if config.model_type in EVERY_LAYER_SPARSE:
         return True
     step = getattr(config, "decoder_sparse_step", 1) or 1
     return num_experts_of(config) > 0 and layer not in (config.mlp_only_layers or ()) and (layer + 1) % step == 0
@@ -100,6 +102,7 @@ class SparseMoeBlock(InferenceModule):
         mixtral = config.model_type == "mixtral"
         self.renormalize = mixtral or bool(getattr(config, "norm_topk_prob", False))
         self.weights_in_model_dtype = not mixtral
+        self.softmax_of_top_k = config.model_type == "granitemoe"
         hidden = config.hidden_size
         # every rank holds the whole router (replicas = ranks)
         self.gate = ColumnParallelLinear(hidden, [self.num_experts], bias=False, tp=tp, replicas=[tp.size])
@@ -112,6 +115,9 @@ class SparseMoeBlock(InferenceModule):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights ``[T, k]``, expert ids ``[T, k]``) of each token's chosen experts."""
+        if self.softmax_of_top_k:
+            logits, ids = torch.topk(self.gate(x).float(), self.top_k, dim=-1)
+            return torch.softmax(logits, dim=-1).to(x.dtype), ids
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
