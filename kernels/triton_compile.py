@@ -85,8 +85,10 @@ def variants(quick: bool):
                    dict(KV_HEADS=8, HEAD_DIM=d, PAGE_SIZE=16, BLOCK_H=8, BLOCK_D=d), 4, 2)
             ptr = {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "COS": f"*{dt}", "SIN": f"*{dt}",
                    "K_CACHE": f"*{dt}", "V_CACHE": f"*{dt}", "POSITIONS": "*i32", "SLOTS": "*i32"}
-            yield (f"rope_store {dt} d{d}", triton_fused._rope_store_kernel, ptr,
-                   dict(HEADS=32, KV_HEADS=8, HALF=d // 2, PAGE_SIZE=16, BLOCK_H=32, BLOCK_KH=8, BLOCK_D=d // 2), 4, 2)
+            for rot in (d, d * 3 // 4):  # every element rotated; Phi-4-mini's partial rotary
+                yield (f"rope_store {dt} d{d} rotary {rot}", triton_fused._rope_store_kernel, ptr,
+                       dict(HEADS=32, KV_HEADS=8, HALF=rot // 2, HEAD_DIM=d, PAGE_SIZE=16, BLOCK_H=32, BLOCK_KH=8,
+                            BLOCK_D=triton.next_power_of_2(rot // 2), BLOCK_FULL=d), 4, 2)
         ptr = {"X": f"*{dt}", "RES": f"*{dt}", "W": f"*{dt}", "OUT": f"*{dt}", "eps": "fp32"}
         for residual in (False, True):
             yield (f"rms_norm {dt} residual={residual}", triton_fused._rms_norm_kernel, ptr,
