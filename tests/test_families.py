@@ -60,14 +60,17 @@ def long_rope_model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("how", ["overlap", "speculative", "chunked"])
-def test_long_rope_tokens_equal_transformers_however_scheduled(long_rope_model, how):
+def test_long_rope_tokens_equal_transformers_however_scheduled(long_rope_model, how, monkeypatch):
     """Sequences past the original context rotate long throughout (transformers' generation computes a sequence
     that outgrows it again, long, and so does the scheduler); the short-rotated pages of a cached 8-token prefix are
     never shared with a sequence rotated long. Through the overlap scheduler (which leaves a crossing step to the
     synchronous loop), with speculative drafts (none past the context while rotated short), or in prefill chunks
     of 4 tokens."""
+    from radixrt.scheduler.speculation import StepCost
+
     folder, prompts, expected = long_rope_model
     greedy = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    monkeypatch.setattr(StepCost, "token_cost", lambda self, batch: 0.125)  # drafts pay, however busy the machine
     stats: dict = {}
     outputs, accepted = logprob_runs(folder, "float32", [[(p, greedy) for p in prompts]], page_size=4,
                                      cached=prompts[0][:8], overlap=how == "overlap", logprobs=how != "overlap",
