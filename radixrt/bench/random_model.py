@@ -5,9 +5,12 @@ read them. At the default model's width (hidden 576, 9 query and 3 K/V heads of 
 - ``qwen3-moe``: Qwen3-MoE, each token through ``active`` of ``experts`` experts whose widths add up to the
   default model's MLP (4 x 384 = 1536);
 - ``gemma3``: Gemma 3's text decoder with the default model's MLP width, five sliding-window layers (512 tokens)
-  to one of full attention, as Gemma 3 lays them out.
+  to one of full attention, as Gemma 3 lays them out;
+- ``phi4-mini``: Phi-4-mini's layout (Phi-3's fused projections) with the default model's MLP width: 3/4 of each
+  head rotated, LongRoPE past an original context of 4,096 tokens;
+- ``granite-moe``: Granite-MoE (Granite's scalings), ``active`` of ``experts`` experts a token, as ``qwen3-moe``.
 
-    python -m radixrt.bench.random_model OUT [--family qwen3-moe|gemma3] [--layers 16]
+    python -m radixrt.bench.random_model OUT [--family qwen3-moe|gemma3|phi4-mini|granite-moe] [--layers 16]
         [--experts 32] [--active 4] [--expert-width 384]
 """
 
@@ -22,7 +25,7 @@ import torch
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 
-FAMILIES = ("qwen3-moe", "gemma3")
+FAMILIES = ("qwen3-moe", "gemma3", "phi4-mini", "granite-moe")
 
 
 def write_random_model(out: str | Path, family: str = "qwen3-moe", layers: int = 16, experts: int = 32,
@@ -48,7 +51,7 @@ def write_random_model(out: str | Path, family: str = "qwen3-moe", layers: int =
 
 
 def _config(family: str, layers: int, experts: int, active: int, expert_width: int):
-    from transformers import Gemma3TextConfig, Qwen3MoeConfig
+    from transformers import Gemma3TextConfig, GraniteMoeConfig, Phi3Config, Qwen3MoeConfig
 
     common = dict(vocab_size=49152, hidden_size=576, num_hidden_layers=layers, num_attention_heads=9,
                   num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, tie_word_embeddings=True,
@@ -64,6 +67,18 @@ def _config(family: str, layers: int, experts: int, active: int, expert_width: i
                 "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}
         return Gemma3TextConfig(**common, intermediate_size=1536, sliding_window=512, query_pre_attn_scalar=64,
                                 layer_types=kinds, rope_parameters=rope, rms_norm_eps=1e-6)
+    if family == "phi4-mini":
+        rotated = 48  # of 64: Phi-4-mini's partial_rotary_factor 0.75
+        factors = torch.linspace(1.0, 1.5, rotated // 2).tolist(), torch.linspace(1.0, 48.0, rotated // 2).tolist()
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                "short_factor": factors[0], "long_factor": factors[1]}
+        return Phi3Config(**common, intermediate_size=1536, original_max_position_embeddings=4096,
+                          rope_parameters=rope, rms_norm_eps=1e-5, pad_token_id=None)
+    if family == "granite-moe":
+        return GraniteMoeConfig(**{k: v for k, v in common.items() if k != "head_dim"}, num_local_experts=experts,
+                                num_experts_per_tok=active, intermediate_size=expert_width, rms_norm_eps=1e-5,
+                                embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625,
+                                logits_scaling=6.0)
     raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
 
 
