@@ -19,7 +19,7 @@ def logprob_runs(folder, dtype: str, groups: list[list[tuple[list[int], Sampling
     tokens were accepted. The requests of a group are submitted together, and a group runs to the end before the
     next is submitted; first, on its own, ``cached`` (a prompt whose pages the radix cache then holds).
     ``overlap``: through the overlap scheduler, which only runs requests without logprobs: ``logprobs=False``
-    leaves them out (each triple's logprobs None). ``stats`` gets the scheduler's ``launched_steps``."""
+    leaves them out (each triple's logprobs None). ``stats`` gets the scheduler's ``launched_steps`` and its final ``SchedulerStats`` (``scheduler``)."""
     from radixrt.model.runner import ModelRunner
     from radixrt.scheduler.scheduler import Scheduler
 
@@ -56,4 +56,5 @@ def logprob_runs(folder, dtype: str, groups: list[list[tuple[list[int], Sampling
     accepted = scheduler.speculator.accepted if speculative else 0
     if stats is not None:
         stats["launched_steps"] = scheduler.launched_steps
+        stats["scheduler"] = scheduler.stats()
     return [out[rid] for rid in rids], accepted

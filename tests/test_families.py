@@ -43,8 +43,8 @@ def test_batched_greedy_tokens_equal_transformers_for_each_request_alone(tmp_pat
 @pytest.fixture(scope="module")
 def long_rope_model(tmp_path_factory):
     """A tiny Phi-4-mini (LongRoPE past an original context of 8) and transformers' greedy tokens and their logprobs
-    for two prompts longer than that, one shorter that outgrows it while generating, and one of repeated text (so
-    that n-gram drafts find something before and after it crosses)."""
+    for two prompts longer than that and two shorter that outgrow it while generating, one of them repeated text
+    (so that n-gram drafts find something before and after it crosses)."""
     folder = tmp_path_factory.mktemp("phi4-mini")
     hf_model = save_tiny_model("phi4-mini", folder, init_std=0.25)
     prompts = PROMPTS + [[7, 8, 9, 7, 8, 9, 7]]
@@ -84,6 +84,8 @@ def test_long_rope_tokens_equal_transformers_however_scheduled(long_rope_model, 
         assert accepted > 0
     if how == "overlap":
         assert stats["launched_steps"] > 0
+    # the two requests that crossed (prompts of 3 and 7 tokens) were computed again, not retracted for memory
+    assert stats["scheduler"].num_long_rope_restarts == 2 and stats["scheduler"].num_retractions == 0
 
 
 def test_long_rope_tokens_equal_transformers_in_lockstep(long_rope_model):

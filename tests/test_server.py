@@ -249,7 +249,7 @@ def test_metrics_and_flush_cache(http):
                  "radixrt_pages_used", "radixrt_pages_free", "sglang:num_queue_reqs",
                  "radixrt_step_latency_seconds_bucket", "sglang:time_to_first_token_seconds_count",
                  "sglang:inter_token_latency_seconds_sum", "radixrt_retractions_total",
-                 "radixrt_preemptions_total"):
+                 "radixrt_preemptions_total", "radixrt_long_rope_restarts_total"):
         assert name in text, name
     assert metric(http, "sglang:generation_tokens_total") > 0
     wait_idle(http)

@@ -161,6 +161,7 @@ class SchedulerStats(msgspec.Struct, tag=True):
     sessions_open: int = 0  # open sessions (radixrt.scheduler.sessions)
     pages_pinned: int = 0  # KV pages sessions pin in the prefix cache (summed over sessions)
     num_preemptions: int = 0  # running requests retracted to make room for a more urgent one
+    num_long_rope_restarts: int = 0  # LongRoPE: requests computed again, rotated long, as they outgrew the context
     decode_seconds: float = 0.0  # time in steps without prefill chunks (decode and verify steps)
     decode_tokens: int = 0  # output tokens those steps gave
     decode_steps: int = 0  # those steps

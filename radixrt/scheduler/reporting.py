@@ -31,6 +31,7 @@ def collect_stats(sched: Scheduler) -> SchedulerStats:
         evicted_pages=s.evicted_pages,
         num_retractions=sched.num_retractions,
         num_preemptions=sched.admission.num_preemptions,
+        num_long_rope_restarts=sched.admission.num_long_rope_restarts,
         last_step_seconds=sched.last_step_seconds,
         steps=sched.steps,
         jump_forwards=sched.output.jump_forwards,

@@ -121,6 +121,8 @@ def _scheduler_metrics(out: Exposition, stats, page_size: int) -> None:
         ("radixrt_retractions_total", "Requests retracted under memory pressure.", s.num_retractions),
         ("radixrt_preemptions_total", "Requests retracted to make room for a more urgent priority.",
          s.num_preemptions),
+        ("radixrt_long_rope_restarts_total", "Requests computed again with LongRoPE's long frequencies when their "
+         "sequence outgrew the model's original context.", s.num_long_rope_restarts),
         ("radixrt_steps_total", "Scheduler steps run.", s.steps),
     ]:
         out.scalar("counter", name, help_text, value)
