@@ -83,6 +83,19 @@ def test_deterministic_inference_keeps_a_rows_bits_whatever_shares_its_batch(moe
     assert beside[2] == alone[0]
 
 
+def test_the_shared_experts_gate_keeps_a_rows_bits_whatever_shares_its_batch(tmp_path):
+    """Qwen2-MoE's shared-expert gate (a sigmoid) under deterministic inference, on weights large enough for its
+    last bit to matter: torch computes a tensor's last elements past its vector pairs with its scalar exp, whose
+    last bit differs from the vectorized one's for a few values in a hundred, so a row's gate (and its logprobs)
+    would depend on where its row falls in the batch."""
+    save_tiny_model("qwen2-moe", tmp_path, init_std=0.25)
+    prompt = PROMPTS[0] + PROMPTS[2]
+    others = [([11, 12, 13] * 9, GREEDY), (list(range(40, 70)), GREEDY), ([4, 2] * 20, GREEDY)]
+    alone, _ = logprob_runs(tmp_path, "float32", [[(prompt, GREEDY)]], deterministic=True)
+    beside, _ = logprob_runs(tmp_path, "float32", [[*others[:2], (prompt, GREEDY), others[2]]], deterministic=True)
+    assert beside[2] == alone[0]
+
+
 def test_what_does_not_run_with_experts_yet_is_refused(moe_model):
     from transformers import AutoConfig
 

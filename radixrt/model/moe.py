@@ -140,8 +140,19 @@ class SparseMoeBlock(InferenceModule):
         # one add per pair in index order: each token's experts land in ascending order, as transformers adds them
         out = torch.zeros_like(x).index_add_(0, tokens, y.to(x.dtype))
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = out + vectorized_sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return self.tp.all_reduce(out)
+
+
+def vectorized_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``torch.sigmoid(x)`` with every value on torch's vectorized path: torch computes a tensor's last values past its
+    whole vector pairs with its scalar exp, whose last bit differs from the vectorized one's for a few values in a
+    hundred (fp32), so a row's gate would depend on where the row falls in its batch (deterministic inference).
+    Padded to a multiple of 64 values, no value is left over."""
+    values = x.reshape(-1)
+    padded = values.new_zeros(-(-values.numel() // 64) * 64)
+    padded[: values.numel()] = values
+    return torch.sigmoid(padded)[: values.numel()].view(x.shape)
 
 
 def _per_expert(linears: list[PackableLinear], x: torch.Tensor, bounds: list[int]) -> torch.Tensor:
