@@ -24,7 +24,7 @@ NEW_TOKENS = 12
 
 @pytest.mark.parametrize("family", ["gemma3", "olmo2", "granite", "phi3", "phi4-mini", "smollm3"])
 def test_batched_greedy_tokens_equal_transformers_for_each_request_alone(tmp_path, family):
-    hf_model = save_tiny_model(family, tmp_path, init_std=0.25)  # logits far from flat: each position counts
+    hf_model = save_tiny_model(family, tmp_path)
     greedy = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     outputs, _ = logprob_runs(tmp_path, "float32", [[(p, greedy) for p in PROMPTS]])
     for prompt, output in zip(PROMPTS, outputs):
@@ -46,7 +46,7 @@ def long_rope_model(tmp_path_factory):
     for two prompts longer than that and two shorter that outgrow it while generating, one of them repeated text
     (so that n-gram drafts find something before and after it crosses)."""
     folder = tmp_path_factory.mktemp("phi4-mini")
-    hf_model = save_tiny_model("phi4-mini", folder, init_std=0.25)
+    hf_model = save_tiny_model("phi4-mini", folder)
     prompts = PROMPTS + [[7, 8, 9, 7, 8, 9, 7]]
     expected = []
     for prompt in prompts:
@@ -104,7 +104,7 @@ def test_a_long_rope_config_in_the_hubs_layout_loads_as_transformers_loads_it(tm
 
     from transformers import AutoModelForCausalLM
 
-    save_tiny_model("phi4-mini", tmp_path, init_std=0.25)
+    save_tiny_model("phi4-mini", tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     rope = config.pop("rope_parameters")
     config.update(rope_theta=rope["rope_theta"], partial_rotary_factor=rope["partial_rotary_factor"],

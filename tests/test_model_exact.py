@@ -13,7 +13,7 @@ PROMPTS = [[5, 9, 3, 77, 12, 40, 8, 1, 99, 23, 64, 7, 15, 2, 31, 88, 45, 19, 120
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_model(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
-    hf_model = save_tiny_model(request.param, folder, init_std=0.25)
+    hf_model = save_tiny_model(request.param, folder)
     with torch.no_grad():
         expected = [hf_model(torch.tensor([p])).logits[0] for p in PROMPTS]
     return folder, expected

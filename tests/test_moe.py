@@ -88,7 +88,7 @@ def test_the_shared_experts_gate_keeps_a_rows_bits_whatever_shares_its_batch(tmp
     last bit to matter: torch computes a tensor's last elements past its vector pairs with its scalar exp, whose
     last bit differs from the vectorized one's for a few values in a hundred, so a row's gate (and its logprobs)
     would depend on where its row falls in the batch."""
-    save_tiny_model("qwen2-moe", tmp_path, init_std=0.25)
+    save_tiny_model("qwen2-moe", tmp_path)
     prompt = PROMPTS[0] + PROMPTS[2]
     others = [([11, 12, 13] * 9, GREEDY), (list(range(40, 70)), GREEDY), ([4, 2] * 20, GREEDY)]
     alone, _ = logprob_runs(tmp_path, "float32", [[(prompt, GREEDY)]], deterministic=True)

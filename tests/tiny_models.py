@@ -42,7 +42,7 @@ def tiny_config(family: str):
         return LlamaConfig(**{**common, "num_key_value_heads": 4}, tie_word_embeddings=False)
     if family == "mixtral":  # every layer sparse: 4 experts of width 96, 2 a token, sliding window
         return MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2, sliding_window=7,
-                             tie_word_embeddings=False)
+                             tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
     if family == "qwen2-moe":  # a shared expert beside 6 routed ones; layer 1 dense; weights not renormalised
         return Qwen2MoeConfig(**common, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
                               shared_expert_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=False,
@@ -61,7 +61,7 @@ def tiny_config(family: str):
     if family == "granite-moe":  # Granite's scalings; 5 experts, 2 a token, the top 2 logits softmaxed
         return GraniteMoeConfig(**{**common, "intermediate_size": 32}, num_local_experts=5, num_experts_per_tok=2,
                                 embedding_multiplier=6.0, residual_multiplier=1.5, attention_multiplier=2.0,
-                                logits_scaling=0.5, tie_word_embeddings=True)
+                                logits_scaling=0.5, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
     if family == "phi3":  # q/k/v and gate/up stored fused; a sliding window, as Phi-3-mini has
         return Phi3Config(**common, sliding_window=6, tie_word_embeddings=False, pad_token_id=None, eos_token_id=None)
     if family == "phi4-mini":  # as Phi-4-mini: 3/4 of each head rotated, LongRoPE past an original context of 8
@@ -77,9 +77,11 @@ def tiny_config(family: str):
     raise ValueError(family)
 
 
-def save_tiny_model(family: str, folder: Path, seed: int = 0, init_std: float = 0.08):
-    """Save a random tiny model of ``family``, its weights drawn with ``init_std``; return the transformers model
-    (fp32, eval)."""
+def save_tiny_model(family: str, folder: Path, seed: int = 0, init_std: float = 0.25):
+    """Save a random tiny model of ``family``, its weights drawn with ``init_std`` (wide enough that a wrong rotation,
+    norm or last bit moves the logits past the tests' bounds; at 0.08 they were nearly flat); return the transformers
+    model (fp32, eval). The configs name no eos token where transformers' ``generate`` would ban it under
+    ``min_new_tokens`` while radixrt's runs, which ignore eos, would not."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
