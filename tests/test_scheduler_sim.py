@@ -161,7 +161,7 @@ def test_long_rope_sequences_match_solo_runs(world, oracle):
 
 def test_simulation_reports_prefixes_shared_across_adapters(world, oracle, monkeypatch):
     # Every request in the base model's namespace: a prefix computed through one adapter is read through another.
-    monkeypatch.setattr("radixrt.scheduler.request.cache_namespace", lambda uid, key, long_rope=False: 0)
+    monkeypatch.setattr("radixrt.scheduler.request.cache_namespace", lambda uid, key: 0)
     kinds = {kind for seed in range(6) for kind, _ in run_seed(Knobs.from_seed(seed, lora=True), world,
                                                                oracle).failures}
     assert kinds & {"kv-corruption", "mismatch"}, kinds
@@ -169,7 +169,6 @@ def test_simulation_reports_prefixes_shared_across_adapters(world, oracle, monke
 
 def test_simulation_reports_long_rope_prefixes_shared_with_short_ones(world, oracle, monkeypatch):
     # Sequences rotated long keep the namespace of those rotated short: short-rotated K/V is read as long.
-    monkeypatch.setattr("radixrt.memory.radix_cache.long_rope_namespace", lambda namespace: namespace)
     monkeypatch.setattr("radixrt.scheduler.request.long_rope_namespace", lambda namespace: namespace)
     kinds = {kind for seed in range(6) for kind, _ in run_seed(Knobs.from_seed(seed, long_rope_from=24), world,
                                                                oracle).failures}

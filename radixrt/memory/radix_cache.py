@@ -110,20 +110,18 @@ NAMESPACE_STRIDE = 1 << 32  # above every token id
 LONG_ROPE_BIT = 1 << 31  # above every adapter uid, below an isolation key's hash
 
 
-def cache_namespace(adapter_uid: int, key: str | None, long_rope: bool = False) -> int:
+def cache_namespace(adapter_uid: int, key: str | None) -> int:
     """The namespace of requests through LoRA adapter ``adapter_uid`` (0: the base model) with isolation key ``key``:
-    the uid alone without a key; with one, above every uid, from the key's 64-bit hash. ``long_rope`` (a LongRoPE
-    model's request whose prompt outgrew the original context, its every position rotated long: K/V no request
-    of a shorter prompt computes) sets bit 31, above every uid."""
-    namespace = long_rope_namespace(adapter_uid) if long_rope else adapter_uid
+    the uid alone without a key; with one, above every uid, from the key's 64-bit hash."""
     if key is None:
-        return namespace
+        return adapter_uid
     digest = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-    return namespace + ((digest + 1) << 32)
+    return adapter_uid + ((digest + 1) << 32)
 
 
 def long_rope_namespace(namespace: int) -> int:
-    """The namespace a request of ``namespace`` takes when it rotates long (``cache_namespace``'s bit 31)."""
+    """The namespace a request of ``namespace`` takes when a LongRoPE model rotates its sequence long (every position:
+    K/V no request rotated short computes): bit 31 set, above every adapter uid, below the key's hash."""
     return namespace | LONG_ROPE_BIT
 
 

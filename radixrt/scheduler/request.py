@@ -73,8 +73,8 @@ class Req:
     def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu",
                      lora_uid: int = 0, long_rope_from: int | None = None) -> "Req":
         """``drawn_seed`` seeds a sampled request that brings no seed of its own; ``lora_uid`` is the loaded
-        adapter ``msg.lora_path`` names; ``long_rope_from``: a LongRoPE model's original context."""
-        long_rope = long_rope_from is not None and len(msg.input_ids) > long_rope_from
+        adapter ``msg.lora_path`` names; ``long_rope_from``: a LongRoPE model's original context (a prompt past it
+        rotates long from the start)."""
         req = cls(
             rid=msg.rid,
             prompt_ids=list(msg.input_ids),
@@ -86,9 +86,10 @@ class Req:
             priority=msg.priority if msg.priority is not None else 0,
             embed=msg.embed,
             lora_uid=lora_uid,
-            cache_namespace=cache_namespace(lora_uid, msg.cache_key, long_rope),
-            long_rope=long_rope,
+            cache_namespace=cache_namespace(lora_uid, msg.cache_key),
         )
+        if req.outgrows_short_rope(long_rope_from):
+            req.switch_to_long_rope()
         if not msg.params.greedy:
             # Every sampled request draws from its own generator, so its tokens do not depend on the batch.
             seed = msg.params.seed if msg.params.seed is not None else drawn_seed
