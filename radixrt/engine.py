@@ -266,12 +266,16 @@ class Engine:
         return results if prepared.batched or len(results) > 1 else results[0]
 
     def encode(self, prompt: str | list[str] | None = None, input_ids: list[int] | list[list[int]] | None = None,
-               rid: str | list[str] | None = None) -> dict | list[dict]:
-        """SGLang's ``Engine.encode``: each prompt's embedding (the last token's final hidden state, unit length;
-        radixrt.scheduler.embedding) as ``{"embedding": [...], "meta_info": {...}}``, a list for a list of
-        prompts. The prompts go through the request path and the scheduler as prefill-only requests."""
+               rid: str | list[str] | None = None, dimensions: int | None = None,
+               lora_path: str | list[str | None] | None = None) -> dict | list[dict]:
+        """SGLang's ``Engine.encode``: each prompt's embedding (pooled as the model says, by default the last
+        token's final hidden state at unit length; radixrt.scheduler.embedding) as ``{"embedding": [...],
+        "meta_info": {...}}``, a list for a list of prompts; ``dimensions`` cuts it (a Matryoshka model). The
+        prompts go through the request path and the scheduler as prefill-only requests."""
         waker = ThreadWaker()
-        prepared, handles = self._submit(GenerateInput(text=prompt, input_ids=input_ids, rid=rid, embed=True), waker)
+        call = GenerateInput(text=prompt, input_ids=input_ids, rid=rid, embed=True, dimensions=dimensions,
+                             lora_path=lora_path)
+        prepared, handles = self._submit(call, waker)
         results = self._wait(handles, waker)
         return results if prepared.batched else results[0]
 

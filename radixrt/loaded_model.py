@@ -75,6 +75,7 @@ class LoadedModel:
             "page_size": self.runner.page_size,
             "chat_template": self.chat_template,
             "eos_token_ids": sorted(self.eos_ids),
+            "is_generation": not self.runner.embedding_only,  # SGLang's key: False for an embedding model
         }
 
 
@@ -86,5 +87,5 @@ def _start_world(args: ServerArgs, model_path: Path):
 
     if args.node_rank != 0:
         raise ValueError("this process runs rank 0 (node 0); other nodes run `radixrt serve --node-rank N`")
-    check_tensor_parallel(load_config(model_path), args.tp_size)
+    check_tensor_parallel(load_config(model_path, args.model_overrides()), args.tp_size)
     return TPWorld.start_driver(args.replace(model=str(model_path)))

@@ -126,10 +126,11 @@ class ServerArgs:
     chat_template: str | None = field(default=None, metadata={"help": "a Jinja chat template file to use instead of the tokenizer's"})
     log_level: str = field(default="info", metadata={"help": "logging level of every process", "choices": LOG_LEVELS})
     log_level_http: str | None = field(default=None, metadata={"help": "logging level of the HTTP server, with an access log line per request at info or debug (default: warning, no access log)", "choices": LOG_LEVELS})
+    is_embedding: bool = field(default=False, metadata={"help": "serve the model for embeddings only: no LM head is loaded, generation requests are refused, /v1/embeddings, /encode and Engine.encode pool as the checkpoint's sentence-transformers files say (default: the last token, normalized); an embedding checkpoint (architecture LlamaModel, MistralModel, Qwen2Model or Qwen3Model) is served so without the flag"})
+    json_model_override_args: str = field(default="{}", metadata={"help": "a JSON object of model config fields to override before the model is built (vLLM's --hf-overrides), e.g. '{\"is_matryoshka\": true}' to allow an embedding's dimensions"})
     # ----- SGLang's launch flags that cannot change radixrt's results: accepted, no effect -----
     trust_remote_code: bool = field(default=False, metadata={"no_effect": "radixrt runs its own model code, never a checkpoint's"})
     enable_metrics: bool = field(default=False, metadata={"no_effect": "/metrics always answers"})
-    is_embedding: bool = field(default=False, metadata={"no_effect": "every server answers /v1/embeddings and generates"})
     enable_cache_report: bool = field(default=False, metadata={"no_effect": "usage always reports cached tokens"})
     enable_priority_scheduling: bool = field(default=False, metadata={"no_effect": "the scheduler always honours request priorities"})
     skip_server_warmup: bool = field(default=False, metadata={"no_effect": "radixrt warms up while it loads, before it listens"})
@@ -162,7 +163,6 @@ class ServerArgs:
     kv_cache_dtype: str = field(default="auto", metadata={"refused": ("a KV cache dtype other than the model's", ("auto",))})
     tokenizer_mode: str = field(default="auto", metadata={"refused": ("the slow tokenizer", ("auto",))})
     skip_tokenizer_init: bool = field(default=False, metadata={"refused": ("serving without a tokenizer", (False,))})
-    json_model_override_args: str = field(default="{}", metadata={"refused": ("overriding the model's config", ("{}", ""))})
     revision: str | None = field(default=None, metadata={"refused": ("a hub revision other than the default", (None, "main"))})
 
     SECRETS = ("api_key", "admin_api_key")
@@ -182,6 +182,7 @@ class ServerArgs:
             self._check_deterministic()
         if self.lora_paths is not None or self.enable_lora:
             self._check_lora()
+        self.model_overrides()  # a ValueError for anything but a JSON object
         for f in fields(self):
             value = getattr(self, f.name)
             choices = f.metadata.get("choices")
@@ -231,6 +232,17 @@ class ServerArgs:
             else:
                 out.append((entry, entry))
         return out
+
+    def model_overrides(self) -> dict[str, Any]:
+        """``--json-model-override-args`` as a dict of config fields (empty for "" or "{}")."""
+        text = (self.json_model_override_args or "").strip() or "{}"
+        try:
+            overrides = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"json_model_override_args is not JSON: {exc}") from None
+        if not isinstance(overrides, dict):
+            raise ValueError("json_model_override_args must be a JSON object of config fields")
+        return overrides
 
     def _check_deterministic(self) -> None:
         """What deterministic inference cannot run with, refused before anything starts (the model runner checks

@@ -45,6 +45,10 @@ def test_every_option_parses_to_its_declared_type():
             continue
         if f.name in ("lora_paths", "enable_lora"):  # refuse the tensor parallelism picked below (test_lora.py)
             continue
+        if f.name == "json_model_override_args":  # a JSON object (test_model_overrides_are_a_json_object)
+            argv += [flag, '{"is_matryoshka": true}']
+            expected[f.name] = '{"is_matryoshka": true}'
+            continue
         if str(f.type) == "bool":
             if "refused" not in f.metadata:
                 argv.append(flag)
@@ -136,11 +140,20 @@ def test_a_choice_outside_the_list_fails_when_parsed():
     ({"kv_cache_dtype": "fp8_e4m3"}, "KV cache dtype"),
     ({"tokenizer_mode": "slow"}, "slow"),
     ({"skip_tokenizer_init": True}, "tokenizer"), ({"revision": "v2"}, "revision"),
-    ({"json_model_override_args": '{"a": 1}'}, "config"),
 ])
 def test_sglang_options_radixrt_does_not_serve_are_refused_by_name(options, what):
     with pytest.raises(ValueError, match=f"{next(iter(options))}=.*{what}"):
         ServerArgs(**options)
+
+
+def test_model_overrides_are_a_json_object():
+    assert ServerArgs().model_overrides() == {} and ServerArgs(json_model_override_args="").model_overrides() == {}
+    args = ServerArgs(json_model_override_args='{"is_matryoshka": true, "rms_norm_eps": 1e-3}')
+    assert args.model_overrides() == {"is_matryoshka": True, "rms_norm_eps": 1e-3}
+    with pytest.raises(ValueError, match="not JSON"):
+        ServerArgs(json_model_override_args="{is_matryoshka}")
+    with pytest.raises(ValueError, match="JSON object"):
+        ServerArgs(json_model_override_args="[1]")
 
 
 def test_quantization_takes_fp8_and_refuses_other_methods_by_name():

@@ -59,6 +59,17 @@ def test_document_is_generated_from_the_request_structs():
     assert schemas["SamplingParams"]["properties"]["n"]["maximum"] == 128  # the original is left alone
 
 
+def test_embedding_dimensions_follow_the_models_matryoshka_sizes():
+    def dims(**model) -> list[dict]:
+        limits = ApiLimits(context_length=512, vocab_size=1000, embedding_size=64, **model)
+        schemas = build_openapi(limits, "0")["components"]["schemas"]
+        return [schemas[name]["properties"]["dimensions"] for name in ("EmbeddingRequest", "EncodeBody")]
+
+    assert all(d["type"] == "null" for d in dims())
+    assert all(d["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 64} for d in dims(matryoshka=()))
+    assert all(d["anyOf"][0] == {"enum": [16, 32]} for d in dims(matryoshka=(16, 32)))
+
+
 def test_document_states_the_servers_own_caps():
     class Caps:
         max_n, max_prompt_chars, max_stop_strings, max_stop_string_chars = 16, 1000, 4, 20
@@ -154,7 +165,7 @@ def test_extreme_int64_values_never_5xx(server, path, body):
 def test_bounded_fuzz_run_passes_every_check_with_no_hang(server):
     report = run_fuzz(server.url, max_examples=6, timeout=30.0, seed=1)
     print(report.render())
-    assert report.cases >= 40 and len(report.operations) == 23
+    assert report.cases >= 40 and len(report.operations) == 25
     assert report.server_errors == [] and report.hangs == []
     assert report.check_failures == []  # every schemathesis check: statuses, bodies, negative and positive data
     assert report.statuses[200] > 0 and report.statuses[400] > 0

@@ -204,3 +204,42 @@ def write_checkpoint(source: Path, folder: Path, tensors: dict, quantization_con
     if quantization_config is not None:
         config["quantization_config"] = quantization_config
     (folder / "config.json").write_text(json.dumps(config))
+
+
+def save_embedding_model(family: str, folder: Path, pooling: str = "last", normalize: bool = True,
+                         tokenizer_from: Path | None = None, causal: bool = False, **config_fields):
+    """A tiny decoder saved as a sentence-transformers embedding checkpoint: by default as the hub's embedding
+    models store it (transformers' base model: no LM head, tensors without the ``model.`` prefix, architecture
+    ``Qwen3Model`` and kin); ``causal``: the whole ForCausalLM checkpoint (served with ``--is-embedding``). Beside it
+    ``modules.json``, the Pooling module's config (``pooling``: last, mean or cls) and, with ``normalize``, a
+    Normalize module; ``tokenizer_from``'s tokenizer files (sentence-transformers loads one); ``config_fields`` go
+    into the config (``is_matryoshka``, ...). Returns transformers' base model (fp32, eval)."""
+    import json
+    import shutil
+
+    model = save_tiny_model(family, folder / "causal" if not causal else folder)
+    base = model.model
+    for name, value in config_fields.items():
+        setattr(base.config, name, value)
+        setattr(model.config, name, value)
+    if causal:
+        model.save_pretrained(folder)
+    else:
+        base.save_pretrained(folder)
+        shutil.rmtree(folder / "causal")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if tokenizer_from is not None and (tokenizer_from / name).is_file():
+            shutil.copy(tokenizer_from / name, folder / name)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (folder / "2_Normalize").mkdir(exist_ok=True)
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    modes = {"pooling_mode_cls_token": pooling == "cls", "pooling_mode_mean_tokens": pooling == "mean",
+             "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+             "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": pooling == "last"}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": base.config.hidden_size, **modes, "include_prompt": True}))
+    return base

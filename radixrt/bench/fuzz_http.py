@@ -103,8 +103,12 @@ def bounded_schema(doc: dict[str, Any], max_tokens: int = 4, max_items: int = 3,
         schemas["CompletionRequest"]["properties"]["best_of"] = {"type": "null"}
     # ... one rid per request (of n samples of each prompt); tools whose parameters are JSON schemas of objects (which a schema of schemas
     # cannot pin down), and a tool_choice that names one of them
-    for name in ("GenerateBody", "CompletionRequest", "ChatCompletionRequest"):
+    for name in ("GenerateBody", "CompletionRequest", "ChatCompletionRequest", "EncodeBody"):
         schemas[name]["properties"]["rid"] = {"type": "null"}
+    # ... and one adapter or cache key per prompt: /encode's as one for all
+    for field in ("lora_path", "extra_key", "cache_salt"):
+        schemas["EncodeBody"]["properties"][field] = {"anyOf": [{"type": "string", "maxLength": max_string},
+                                                                {"type": "null"}]}
     schemas["ChatCompletionRequest"]["properties"]["tools"] = {"type": "null"}
     schemas["ChatCompletionRequest"]["properties"]["tool_choice"] = {"type": "null"}
     # ... a stream of one prompt with n = 1; one constraint at most, a regex that compiles, a JSON schema that parses,

@@ -34,6 +34,7 @@ import torch
 
 from radixrt.memory.page_pool import KVLayout, PagePool
 from radixrt.model.forward_batch import ForwardBatch
+from radixrt.model.pooling import Pooling
 
 VOCAB = 49152
 
@@ -47,7 +48,7 @@ class NullRunner:
     """What the scheduler uses of a ModelRunner, with a forward that only picks a next token per row."""
 
     def __init__(self, num_pages: int, page_size: int = 16, context_length: int = 8192, vocab: int = VOCAB) -> None:
-        self.config = SimpleNamespace(vocab_size=vocab)
+        self.config = SimpleNamespace(vocab_size=vocab, hidden_size=2)
         self.vocab = vocab
         self.context_length = context_length
         self.device = torch.device("cpu")
@@ -56,6 +57,7 @@ class NullRunner:
                                       dtype=torch.float32), num_pages)
         self.page_size = page_size
         self.long_rope_from = None
+        self.embedding_only, self.pooling, self.matryoshka = False, Pooling(), None  # a generating model
         self._logits = torch.zeros(0, vocab)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

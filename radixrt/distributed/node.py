@@ -33,7 +33,7 @@ def run_node(args: ServerArgs) -> int:
     from radixrt.model.weights import resolve_model_path
 
     model_path = resolve_model_path(args.model)
-    check_tensor_parallel(load_config(model_path), args.tp_size)
+    check_tensor_parallel(load_config(model_path, args.model_overrides()), args.tp_size)
     args = args.replace(model=str(model_path))
 
     def _term(signum, frame):

@@ -83,13 +83,14 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         scale = torch.tensor(config.hidden_size**0.5, device="cpu")
         self.embed_scales = {dtype: scale.to(dtype).item() for dtype in (torch.float32, torch.bfloat16, torch.float16)}
 
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+    def final_hidden(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
         x = x * self.embed_scales[x.dtype]
         for layer in self.layers:
             x = layer(batch.positions, x, batch, attn)
-        x = self.norm(x[batch.logits_indices])
-        logits = self.head_logits(x, batch)
+        return self.norm(x[batch.logits_indices])
+
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

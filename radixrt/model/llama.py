@@ -230,8 +230,7 @@ class LlamaForCausalLM(InferenceModule):
         rotary = RotaryEmbedding(config, head_dim_of(config), max_positions)
         self.layers = nn.ModuleList(DecoderLayer(config, i, rotary, tp) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.embedding_multiplier = getattr(config, "embedding_multiplier", None)  # Granite's scalings
-        self.logits_scaling = getattr(config, "logits_scaling", None)
+        self.embedding_multiplier = getattr(config, "embedding_multiplier", None)  # Granite's scaling
 
     def embeddings_and_head(self, config, tp: TPGroup) -> None:
         """What every family's model holds beside its layers and final norm: the config, the token embedding and the
@@ -242,9 +241,17 @@ class LlamaForCausalLM(InferenceModule):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size,
                                                                                    config.hidden_size, tp)
+        self.has_head = True  # False for an embedding model (``drop_head``): the forward ends at the final norm
+        self.logits_scaling = getattr(config, "logits_scaling", None)  # Granite's
         self.packed_head: PackedWeight | None = None
         # the checkpoint's fp8 scheme (model/fp8.py); the runner sets --quantization fp8's before loading
         self.fp8_scheme: Fp8Scheme | None = fp8_scheme(config)
+
+    def drop_head(self) -> None:
+        """Serve the model for embeddings only: no LM head is built or loaded (a checkpoint's is skipped) and the
+        forward returns the final norm's output at the logits rows instead of logits. Call before loading."""
+        self.lm_head = None
+        self.has_head = False
 
     def _head_weight(self) -> torch.Tensor:
         return (self.embed_tokens if self.lm_head is None else self.lm_head).weight
@@ -257,7 +264,8 @@ class LlamaForCausalLM(InferenceModule):
         """
         block_k = self.fp8_scheme.block_k if self.fp8_scheme is not None else 0
         packed = sum(m.pack(row_invariant, block_k) for m in self.modules() if isinstance(m, PackableLinear))
-        self.packed_head = pack_weight(self._head_weight(), row_invariant)
+        if self.has_head:
+            self.packed_head = pack_weight(self._head_weight(), row_invariant)
         return packed + (self.packed_head is not None)
 
     def dequantize_fp8_weights(self) -> None:
@@ -271,7 +279,11 @@ class LlamaForCausalLM(InferenceModule):
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Logits (fp32) at ``batch.logits_indices``; with ``batch.return_hidden`` the final norm's output at those
-        rows goes to ``batch.hidden_states`` too."""
+        rows goes to ``batch.hidden_states`` too. A model without its head (``drop_head``) returns that output."""
+        return self.head_logits(self.final_hidden(batch, attn), batch)
+
+    def final_hidden(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """The final norm's output at ``batch.logits_indices``: each family's decoder."""
         x, residual = self.embed_tokens(batch.input_ids), None
         if self.embedding_multiplier is not None:
             x = x * self.embedding_multiplier
@@ -279,20 +291,25 @@ class LlamaForCausalLM(InferenceModule):
             x, residual = layer(batch.positions, x, residual, batch, attn)
         rows = batch.logits_indices
         x, _ = self.norm.add_forward(x[rows], residual[rows])
-        logits = self.head_logits(x, batch)
-        return logits if self.logits_scaling is None else logits / self.logits_scaling
+        return x
 
     def head_logits(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """The fp32 logits of ``x``, the final norm's output at the logits rows (with ``batch.return_hidden``, ``x``
-        goes to ``batch.hidden_states`` too)."""
+        goes to ``batch.hidden_states`` too); ``x`` itself where the model has no head."""
         if batch.return_hidden:
             batch.hidden_states = x
+        if not self.has_head:
+            return x
         if self.packed_head is not None:
             logits = packed_linear(x, self.packed_head, fp32_out=True)
         else:
             logits = F.linear(x, self._head_weight())
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return head.gather_logits(logits).float().contiguous()  # fp32 already where the head wrote it so
+        return self.scale_logits(head.gather_logits(logits).float().contiguous())  # fp32 already if the head wrote it
+
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The family's last touch to its logits (Granite divides them by ``logits_scaling``)."""
+        return logits if self.logits_scaling is None else logits / self.logits_scaling
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         modules = dict(self.named_modules())

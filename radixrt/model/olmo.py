@@ -60,8 +60,8 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
         self.layers = nn.ModuleList(Olmo2DecoderLayer(config, i, rotary, tp) for i in range(config.num_hidden_layers))
         self.norm = OlmoRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+    def final_hidden(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
         for layer in self.layers:
             x = layer(batch.positions, x, batch, attn)
-        return self.head_logits(self.norm(x[batch.logits_indices]), batch)
+        return self.norm(x[batch.logits_indices])

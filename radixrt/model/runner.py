@@ -11,6 +11,10 @@ On CUDA (one rank, the Triton attention backend), decode batches replay CUDA gra
 (``model/cuda_graph.py``), unless ``disable_cuda_graph`` or the model is a mixture of experts (its forward reads
 the experts' row counts on the host); any other batch runs eagerly. A ``graph_factory`` given by a caller (tests on a CPU)
 takes the CUDA graphs' place.
+
+An embedding model (``is_embedding``, or an embedding checkpoint's architecture: ``model/families.py``) is built
+without its LM head: its forward returns the final norm's output at the logits rows, and it captures no graphs (it
+never decodes). ``pooling`` (``model/pooling.py``) says how its requests' vectors are made.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from radixrt.model.attention import AttentionBackend, create_attention_backend
 from radixrt.model.cuda_graph import CudaGraphFactory, GraphFactory, GraphRunner
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.lora import Adapters
-from radixrt.model.families import model_class, served_config, text_model_tensors
+from radixrt.model.families import is_embedding_checkpoint, model_class, served_config, text_model_tensors
 from radixrt.model.fp8 import fp8_scheme
 from radixrt.model.layers import long_rope_from
 from radixrt.model.llama import (
@@ -41,6 +45,7 @@ from radixrt.model.llama import (
 )
 from radixrt.model.moe import is_moe
 from radixrt.model.parallel import SINGLE
+from radixrt.model.pooling import Pooling, matryoshka, read_pooling
 
 if TYPE_CHECKING:
     from radixrt.distributed.world import TPWorld
@@ -81,10 +86,13 @@ def _cpu_has_fast_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def load_config(model_path: Path):
+def load_config(model_path: Path, overrides: dict | None = None):
+    """The config of the model radixrt runs, with ``overrides`` (``--json-model-override-args``) applied."""
     from transformers import AutoConfig
 
     config = served_config(AutoConfig.from_pretrained(model_path))
+    for name, value in (overrides or {}).items():
+        setattr(config, name, value)
     model_class(config)  # a ValueError for an architecture radixrt does not serve
     return config
 
@@ -152,10 +160,16 @@ class ModelRunner:
         lora_adapters: list[tuple[str, str]] | None = None,
         max_lora_rank: int | None = None,
         quantization: str | None = None,
+        is_embedding: bool = False,
+        model_overrides: dict | None = None,
     ) -> None:
         started = time.perf_counter()
         self.model_path = Path(model_path)
-        self.config = load_config(self.model_path)
+        self.config = load_config(self.model_path, model_overrides)
+        # served for embeddings only: no LM head; its pooling from the checkpoint's sentence-transformers files
+        self.embedding_only = is_embedding or is_embedding_checkpoint(self.config)
+        self.pooling = read_pooling(self.model_path) if self.embedding_only else Pooling()
+        self.matryoshka = matryoshka(self.config)
         self.world = world
         tp = SINGLE if world is None else world.tp
         check_tensor_parallel(self.config, tp.size)
@@ -171,6 +185,8 @@ class ModelRunner:
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(self.device):
             self.model = model_class(self.config)(self.config, max_positions=self.context_length, tp=tp)
+        if self.embedding_only:
+            self.model.drop_head()
         self.long_rope_from = long_rope_from(self.model)  # forward batches map positions to its rotary rows
         self.model.fp8_scheme = fp8_scheme(self.config, quantization)
         self.model.load_weights(text_model_tensors(iterate_safetensors(self.model_path)))
@@ -210,6 +226,8 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         if self.device.type == "cuda" and world is None:  # ranks would have to warm up in step
             self._warm_up()
+        if self.embedding_only:
+            graph_factory, disable_cuda_graph = None, True  # an embedding model never decodes
         # graphs need a forward that never syncs: the Triton backend's (the torch one plans on the host)
         if (graph_factory is None and self.device.type == "cuda" and world is None and not disable_cuda_graph
                 and self.attention.backend == "triton"):
@@ -265,6 +283,7 @@ class ModelRunner:
                    deterministic=args.enable_deterministic_inference,
                    enable_lora=args.enable_lora, lora_adapters=args.lora_adapters(),
                    max_lora_rank=args.max_lora_rank, quantization=args.quantization,
+                   is_embedding=args.is_embedding, model_overrides=args.model_overrides(),
                    cuda_graph_max_bs=args.cuda_graph_max_bs or min(args.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS))
 
     def _pages_per_rank(self, layout: KVLayout, kv_memory_gb: float | None, world: TPWorld) -> int:

@@ -17,12 +17,16 @@ class ModelLimits:
     context_length: int
     page_size: int
     num_pages: int
+    generates: bool = True  # False: an embedding model (no LM head), which answers embedding requests only
+    embedding_size: int = 0  # an embedding's length (the hidden size)
+    matryoshka: tuple[int, ...] | None = None  # the dimensions an embedding may be cut to (): any; None: none
 
     @classmethod
     def of_ready(cls, ready: Any) -> "ModelLimits":
         """The limits a scheduler process announced in its ``SchedulerReady``."""
         return cls(vocab_size=ready.vocab_size, context_length=ready.context_length, page_size=ready.page_size,
-                   num_pages=ready.num_pages)
+                   num_pages=ready.num_pages, generates=ready.generates, embedding_size=ready.embedding_size,
+                   matryoshka=None if ready.matryoshka is None else tuple(ready.matryoshka))
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class GenerateReq(msgspec.Struct, tag=True):
     priority: int | None = None  # SGLang's request priority (None: the default)
     session: SessionParams | None = None
     embed: bool = False  # prefill only: the answer is the prompt's pooled hidden state, not tokens
+    dimensions: int | None = None  # an embedding cut to its first values (a Matryoshka model), then normalized
     lora_path: str | None = None  # the name of a loaded LoRA adapter (SGLang's field name); None: the base model
     cache_key: str | None = None  # shares cached prefixes only with requests of the same key (extra_key, cache_salt)
 
@@ -299,6 +300,9 @@ class SchedulerReady(msgspec.Struct, tag=True):
     context_length: int
     page_size: int
     num_pages: int
+    generates: bool = True  # ModelLimits' fields of an embedding model
+    embedding_size: int = 0
+    matryoshka: list[int] | None = None
 
 
 class DetokenizerReady(msgspec.Struct, tag=True):

@@ -11,7 +11,8 @@ keyword arguments, /generate decodes one from its body, the OpenAI routes build 
 (``validate_request``) before anything is queued; ``expand`` turns each prompt into ``n`` messages (n > 1:
 seeds seed, seed+1, ...; the copies share the prompt through the prefix cache). An embedding call (``embed``)
 takes the same path as a prefill-only request (``max_new_tokens`` 0, no sampling parameters, no logprobs, no
-stream, no session) whose answer is the prompt's pooled hidden state. Torch-free.
+stream, no session) whose answer is the prompt's pooled hidden state (``dimensions``: cut to that length, for a
+Matryoshka model); an embedding model (``ModelLimits.generates`` False) takes embedding calls only. Torch-free.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import msgspec
 from radixrt.protocol.errors import RequestError
 from radixrt.protocol.limits import NO_LIMITS, ClientLimits, ModelLimits
 from radixrt.protocol.messages import GenerateReq, SessionParams
-from radixrt.protocol.validation import grammar_of, validate_request
+from radixrt.protocol.validation import grammar_of, validate_kind, validate_request
 from radixrt.sampling.params import SamplingParams
 
 MAX_PRIORITY = 2**31 - 1
@@ -47,6 +48,7 @@ class GenerateInput:
     session_params: Any = None
     rid: Any = None  # a request id, or one per sample: replaces generated ids
     embed: bool = False  # an embedding call: prefill only, the answer a vector
+    dimensions: Any = None  # an embedding call's length, for a Matryoshka model
     lora_path: Any = None  # a loaded LoRA adapter's name, or one (or None) per prompt
     extra_key: Any = None  # SGLang's cache isolation key, or one per prompt
     cache_salt: Any = None  # vLLM's, the same way
@@ -77,6 +79,7 @@ class Prepared:
     embed: bool = False
     lora_paths: list[str | None] | None = None  # per prompt
     cache_keys: list[str | None] | None = None  # per prompt: extra_key and cache_salt together
+    dimensions: int | None = None  # an embedding call's length
 
     @property
     def num_sequences(self) -> int:
@@ -206,6 +209,7 @@ def prepare(req: GenerateInput, *, encode: Callable[[str], list[int]], limits: M
         count = len(ids)
     if req.embed:
         _check_embedding_call(req)
+    validate_kind(req.embed, req.dimensions, limits)
     if isinstance(req.sampling_params, list):
         if len(req.sampling_params) != count:
             raise RequestError(f"{len(req.sampling_params)} sampling_params for {count} prompts")
@@ -218,7 +222,7 @@ def prepare(req: GenerateInput, *, encode: Callable[[str], list[int]], limits: M
         params = [EMBEDDING_PARAMS] * count
     prepared = Prepared([], params, batched, req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
                         priority, session, bool(req.stream), rids, req.embed, lora_paths_from(req.lora_path, count),
-                        cache_keys_from(req.extra_key, req.cache_salt, count))
+                        cache_keys_from(req.extra_key, req.cache_salt, count), req.dimensions)
     if req.stream and (batched or prepared.num_sequences != 1):
         raise RequestError("stream=True takes one prompt with n=1")
     if rids is not None and len(rids) != prepared.num_sequences:
@@ -255,6 +259,7 @@ def expand(prepared: Prepared, new_rid: Callable[[], str]) -> list[GenerateReq]:
                 priority=prepared.priority,
                 session=prepared.session,
                 embed=prepared.embed,
+                dimensions=prepared.dimensions,
                 lora_path=lora,
                 cache_key=key,
             ))

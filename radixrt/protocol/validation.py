@@ -18,6 +18,26 @@ from radixrt.sampling.params import SamplingParams
 MAX_SEED = 2**63 - 1
 
 
+def validate_kind(embed: bool, dimensions: int | None, limits: ModelLimits) -> None:
+    """A generation request needs a model that generates; ``dimensions`` (an embedding cut to its first values)
+    needs a Matryoshka model and one of the sizes it allows."""
+    if not embed and not limits.generates:
+        raise RequestError("this model serves embeddings only (an embedding model, or --is-embedding): it "
+                           "answers /v1/embeddings, /encode and Engine.encode, and generates nothing")
+    if dimensions is None:
+        return
+    if not embed:
+        raise RequestError("dimensions applies to an embedding request only")
+    if type(dimensions) is not int or not 1 <= dimensions <= limits.embedding_size:
+        raise RequestError(f"dimensions must be an integer in [1, {limits.embedding_size}]")
+    if limits.matryoshka is None:
+        raise RequestError("dimensions is not supported: this model is not a Matryoshka model (its config sets "
+                           "neither is_matryoshka nor matryoshka_dimensions; --json-model-override-args "
+                           "'{\"is_matryoshka\": true}' declares it one)")
+    if limits.matryoshka and dimensions not in limits.matryoshka:
+        raise RequestError(f"dimensions must be one of this model's matryoshka_dimensions {list(limits.matryoshka)}")
+
+
 def grammar_of(params: SamplingParams) -> tuple[str, str] | None:
     """The (kind, spec) constraint of a request's parameters, or None."""
     if params.regex is not None:

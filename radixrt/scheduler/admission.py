@@ -198,10 +198,12 @@ class Admission:
 
     def _match_limit(self, req: Req) -> int:
         """Tokens the cache may serve: never the last one (its logits are needed), nor prompt logprob rows, nor
-        tokens that may still change (``Req.final_len``)."""
+        tokens that may still change (``Req.final_len``), nor any token of an embedding pooled over every token."""
         limit = min(req.total_len - 1, req.final_len)
         if req.computes_prompt_logprobs:
             limit = min(limit, max(req.logprob_start_len - 1, 0))
+        if req.pool is not None and req.pool.every_token:
+            limit = 0
         return limit
 
     def _future_pages(self, req: Req) -> int:

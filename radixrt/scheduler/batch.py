@@ -6,7 +6,7 @@ budget, in admission order. The logits of a chunk's last token give the request'
 logprobs need the rows from their first position on. A decode with a speculative draft (``req.draft``,
 radixrt.scheduler.speculation) computes its last token and the draft, ``(req, 1 + len(draft))``, and needs
 every row. A batch that ends an embedding request's prompt keeps the hidden states of its logits rows too
-(``ForwardBatch.return_hidden``). A batch with LoRA requests is ordered by adapter, so each adapter's rows are
+(``ForwardBatch.return_hidden``); an embedding pooled over every token needs every row of each of its chunks. A batch with LoRA requests is ordered by adapter, so each adapter's rows are
 one range (radixrt.model.lora_batch).
 """
 
@@ -44,8 +44,9 @@ def plan_batch(running: list[Req], chunked_prefill_size: int, enable_mixed_chunk
 
 
 def logits_from(req: Req, n: int) -> int:
-    """First row of this chunk whose logits are needed (prompt logprobs start early, a verify needs all)."""
-    if req.draft:
+    """First row of this chunk whose logits are needed (prompt logprobs start early, a verify needs all, an embedding
+    pooled over every token needs every row's hidden state)."""
+    if req.draft or (req.pool is not None and req.pool.every_token):
         return 0
     if req.computes_prompt_logprobs:
         first_position = max(req.logprob_start_len - 1, 0)
@@ -61,7 +62,8 @@ def build_forward_batch(plan: Plan, page_size: int, device: torch.device | str,
     chunks = [SeqChunk(_tokens(req, n), req.num_computed, req.pages, logits_from(req, n), req.lora_uid,
                        req.long_rope) for req, n in plan]
     batch = ForwardBatch.build(chunks, page_size, device, long_rope_from)
-    batch.return_hidden = any(req.embed and req.num_computed + n == req.total_len for req, n in plan)
+    batch.return_hidden = any(req.pool is not None and (req.pool.every_token or req.num_computed + n == req.total_len)
+                              for req, n in plan)
     return batch
 
 

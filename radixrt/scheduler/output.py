@@ -29,7 +29,6 @@ import torch
 
 from radixrt.detokenize import TextStream
 from radixrt.protocol.messages import BatchTokenOut, FinishReason, ReqDelta
-from radixrt.scheduler.embedding import pooled_embedding
 from radixrt.scheduler.logits import collect_prompt_logprobs, next_tokens
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.request import Req
@@ -101,14 +100,16 @@ class OutputProcessor:
         start = req.num_computed
         if req.computes_prompt_logprobs:
             collect_prompt_logprobs(req, start, n, rows)
+        if req.pool is not None and req.pool.every_token:
+            req.pool.add(start, hidden)
         req.num_computed += n
         if n > 1 and start < len(req.prompt_ids):  # a prefill chunk (not a jump-forward extend)
             self.memory.cache_prefix(req)
         if req.num_computed < req.total_len:
             return False  # a prefill chunk that does not reach the end yet
         if req.params.max_new_tokens == 0:  # prompt only: logprobs, prefilling a shared prefix, or an embedding
-            if req.embed:
-                req.embedding = pooled_embedding(hidden[-1])
+            if req.pool is not None:
+                req.embedding = req.pool.vector(hidden[-1])
             req.finish_reason = FinishReason.length()
             return False
         return True

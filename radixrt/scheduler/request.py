@@ -9,8 +9,12 @@ import torch
 
 from radixrt.detokenize import TextStream
 from radixrt.memory.radix_cache import cache_namespace, long_rope_namespace
+from radixrt.model.pooling import Pooling
 from radixrt.protocol.messages import FinishReason, GenerateReq
 from radixrt.sampling.params import SamplingParams
+from radixrt.scheduler.embedding import EmbeddingPool
+
+LAST_TOKEN = Pooling()  # SGLang's pooling of a causal model: the last token's state, normalized
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -59,6 +63,7 @@ class Req:
     draft_matchers: list[GrammarMatcher] | None = None
     spec: SpecState | None = None
     embed: bool = False  # an embedding request: prefill only, then its pooled hidden state
+    pool: EmbeddingPool | None = None  # an embedding request's pooling (radixrt.scheduler.embedding)
     embedding: list[float] | None = None
     # The LoRA adapter its tokens go through (radixrt.model.lora; 0: the base model), and its namespace in the
     # radix cache (the adapter's, and its isolation key's: radixrt.memory.radix_cache.cache_namespace), so K/V
@@ -71,10 +76,11 @@ class Req:
 
     @classmethod
     def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu",
-                     lora_uid: int = 0, long_rope_from: int | None = None) -> "Req":
+                     lora_uid: int = 0, long_rope_from: int | None = None,
+                     pooling: Pooling = LAST_TOKEN) -> "Req":
         """``drawn_seed`` seeds a sampled request that brings no seed of its own; ``lora_uid`` is the loaded
         adapter ``msg.lora_path`` names; ``long_rope_from``: a LongRoPE model's original context (a prompt past it
-        rotates long from the start)."""
+        rotates long from the start); ``pooling``: the model's, for an embedding request."""
         req = cls(
             rid=msg.rid,
             prompt_ids=list(msg.input_ids),
@@ -85,6 +91,7 @@ class Req:
             grammar_spec=msg.grammar,
             priority=msg.priority if msg.priority is not None else 0,
             embed=msg.embed,
+            pool=EmbeddingPool(pooling, msg.dimensions) if msg.embed else None,
             lora_uid=lora_uid,
             cache_namespace=cache_namespace(lora_uid, msg.cache_key),
         )

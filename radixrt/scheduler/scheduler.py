@@ -45,7 +45,7 @@ from radixrt.protocol.messages import (
     ReqDelta,
     SchedulerStats,
 )
-from radixrt.protocol.validation import validate_request
+from radixrt.protocol.validation import validate_kind, validate_request
 from radixrt.scheduler.admission import Admission
 from radixrt.scheduler import lora
 from radixrt.scheduler.batch import Plan, build_forward_batch, plan_batch
@@ -154,11 +154,15 @@ class Scheduler:
 
     @property
     def limits(self) -> ModelLimits:
+        runner = self.runner
         return ModelLimits(vocab_size=self.vocab_size, context_length=self.context_length,
-                           page_size=self.page_size, num_pages=self.pool.num_pages)
+                           page_size=self.page_size, num_pages=self.pool.num_pages,
+                           generates=not runner.embedding_only, embedding_size=runner.config.hidden_size,
+                           matryoshka=runner.matryoshka)
 
     def validate(self, msg: GenerateReq) -> None:
         """Raise RequestError for a request that can never be served. Safe to call from any thread."""
+        validate_kind(msg.embed, msg.dimensions, self.limits)
         validate_request(msg.input_ids, msg.params, self.limits, return_logprob=msg.return_logprob,
                          logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num)
 
@@ -183,7 +187,7 @@ class Scheduler:
                 msg = self.sessions.resolve(msg)  # an unknown session or rid: this request's 400
             self.validate(msg)
             req = Req.from_message(msg, seed, self.runner.device, lora.adapter_uid(self.runner, msg.lora_path),
-                                   self.runner.long_rope_from)
+                                   self.runner.long_rope_from, self.runner.pooling)
         except RequestError as exc:
             self._refuse(msg, FinishReason.error(str(exc), status_of(exc)))
             return

@@ -14,7 +14,7 @@ from typing import Any
 
 @lru_cache(maxsize=4)
 def model_card(model_path: str) -> dict[str, Any]:
-    card: dict[str, Any] = {"is_generation": True, "tokenizer_path": model_path}
+    card: dict[str, Any] = {"tokenizer_path": model_path}
     try:
         config = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):

@@ -1,5 +1,5 @@
-"""Request bodies of SGLang's native API (/generate, /abort_request, /open_session, /close_session, /start_profile,
-/tokenize, /detokenize), as msgspec structs (unknown fields refused).
+"""Request bodies of SGLang's native API (/generate, /encode, /abort_request, /open_session, /close_session,
+/start_profile, /tokenize, /detokenize), as msgspec structs (unknown fields refused).
 
 ``GenerateBody`` also declares every other field of SGLang's GenerateReqInput, from the rule table
 ``radixrt.server.sglang_compat.GENERATE`` (ignored, or refused unless it asks for nothing); the route checks
@@ -64,6 +64,24 @@ class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
 
 GenerateBody = msgspec.defstruct("GenerateBody", struct_fields(GENERATE), bases=(GenerateCore,),
                                  forbid_unknown_fields=True, kw_only=True, module=__name__)
+
+
+class EncodeBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """SGLang's EmbeddingReqInput (POST /encode) as radixrt serves it: text prompts only."""
+
+    text: str | list[str] | None = None
+    input_ids: InputIds = None
+    rid: str | list[str] | None = None
+    dimensions: int | None = None  # a Matryoshka model's embedding cut to this length
+    priority: int | None = None
+    lora_path: Key | list[Key | None] | None = None
+    extra_key: Key | list[Key | None] | None = None
+    cache_salt: Key | list[Key | None] | None = None
+
+    def generate_input(self) -> GenerateInput:
+        return GenerateInput(text=self.text, input_ids=self.input_ids, rid=self.rid, embed=True,
+                             dimensions=self.dimensions, priority=self.priority, lora_path=self.lora_path,
+                             extra_key=self.extra_key, cache_salt=self.cache_salt)
 
 
 class AbortBody(msgspec.Struct, forbid_unknown_fields=True):

@@ -110,14 +110,12 @@ class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     input: str | list[Any]
     model: str | None = None
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: int | None = None  # refused: radixrt returns the model's whole (pooled) hidden state
+    dimensions: int | None = None  # a Matryoshka model's embedding cut to this length (protocol.validation)
     user: str | None = None
 
 
 def check_embedding(req: EmbeddingRequest) -> list[str | list[int]]:
     """The inputs of an embeddings call, as prompts (text or token ids)."""
-    if req.dimensions is not None:
-        raise RequestError("dimensions is not supported: the embeddings have the model's hidden size")
     prompts = completion_prompts(req.input)
     if len(prompts) > MAX_EMBEDDING_INPUTS:
         raise RequestError(f"at most {MAX_EMBEDDING_INPUTS} inputs are allowed in one embeddings request")

@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from radixrt.client import Handle
 from radixrt.protocol.errors import RequestError
 from radixrt.protocol.request import GenerateInput, Prepared
+from radixrt.protocol.validation import validate_kind
 from radixrt.server import openai_protocol as oai
 from radixrt.server.client_wait import gather, wait_any
 from radixrt.server.http_common import (
@@ -116,6 +117,7 @@ async def retrieve_model(tm: TokenizerManager, request: Request) -> Response:
 async def chat_completions(tm: TokenizerManager, tools: ServerTools, reasoning: ReasoningFormat | None,
                            request: Request) -> Response:
     req = decode_request(await request.body(), oai.ChatCompletionRequest)
+    validate_kind(False, None, tm.limits)  # an embedding model: refused before its template is looked for
     model, lora = served_model(tm, req.model, req.lora_path)
     messages = oai.check_chat(req, tm.args.max_messages, tm.args.max_tools, tm.client_limits)
     prepared, plan, thinking = await tm.off_loop(_prepare_chat, tm, tools, reasoning, req, messages, lora)

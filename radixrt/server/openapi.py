@@ -27,6 +27,7 @@ from radixrt.server.native_protocol import (
     AbortBody,
     CloseSessionBody,
     DetokenizeBody,
+    EncodeBody,
     GenerateBody,
     LoadLoraBody,
     OpenSessionBody,
@@ -53,15 +54,28 @@ class ApiLimits:
     max_stop_string_chars: int | None = None
     model_names: tuple[str, ...] = ()  # every name the server knows its model by (GET /v1/models/{model})
     max_messages: int | None = None
+    embedding_size: int = 0  # the model's (ModelLimits): the lengths an embedding's ``dimensions`` may take
+    matryoshka: tuple[int, ...] | None = None
 
     @classmethod
     def of_server(cls, context_length: int, vocab_size: int, client_limits: Any = None,
-                  model_names: tuple[str, ...] = (), max_messages: int | None = None) -> "ApiLimits":
-        """``client_limits``: the server's per-request caps (radixrt.protocol.limits.ClientLimits), when it has them."""
+                  model_names: tuple[str, ...] = (), max_messages: int | None = None,
+                  model_limits: Any = None) -> "ApiLimits":
+        """``client_limits``: the server's per-request caps (radixrt.protocol.limits.ClientLimits), when it has them;
+        ``model_limits``: the model's (radixrt.protocol.limits.ModelLimits)."""
         caps = {name: getattr(client_limits, name, None)
                 for name in ("max_n", "max_prompt_chars", "max_stop_strings", "max_stop_string_chars")}
         return cls(context_length=context_length, vocab_size=vocab_size, model_names=tuple(sorted(model_names)),
-                   max_messages=max_messages, **caps)
+                   max_messages=max_messages, embedding_size=getattr(model_limits, "embedding_size", 0),
+                   matryoshka=getattr(model_limits, "matryoshka", None), **caps)
+
+    def dimensions_schema(self) -> dict[str, Any]:
+        """The ``dimensions`` an embedding request may ask for: null unless the model is a Matryoshka model."""
+        if self.matryoshka is None:
+            return {"type": "null", "description": "not supported: this model is not a Matryoshka model"}
+        sizes = ({"enum": list(self.matryoshka)} if self.matryoshka
+                 else {"type": "integer", "minimum": 1, "maximum": self.embedding_size})
+        return {"anyOf": [sizes, {"type": "null"}]}
 
 
 class ErrorDetail(msgspec.Struct):
@@ -93,7 +107,7 @@ BOUNDS: dict[str, dict[str, Any]] = {
 }
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
 STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProfileBody, oai.CompletionRequest, oai.ChatCompletionRequest,
-           TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, LoadLoraBody, UnloadLoraBody, ErrorResponse]
+           TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, EncodeBody, LoadLoraBody, UnloadLoraBody, ErrorResponse]
 
 LORA_ANSWER = {"type": "object", "required": ["success", "loaded_adapters"], "properties": {
     "success": {"type": "boolean"}, "error_message": {"type": ["string", "null"]},
@@ -244,7 +258,7 @@ def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> N
 
 def _apply_utility_limits(components: dict[str, dict[str, Any]], limits: ApiLimits, prompt_text: dict[str, Any],
                           ids: dict[str, Any]) -> None:
-    """/tokenize, /detokenize and /v1/embeddings: what each takes."""
+    """/tokenize, /detokenize, /v1/embeddings and /encode: what each takes."""
     any_text = {"type": "string", **_max("maxLength", limits.max_prompt_chars)}  # "" has no tokens: fine here
     tokenize = components["TokenizeBody"]
     tokenize["properties"]["prompt"] = {"anyOf": [any_text, {"type": "array", "items": any_text}, {"type": "null"}]}
@@ -265,7 +279,16 @@ def _apply_utility_limits(components: dict[str, dict[str, Any]], limits: ApiLimi
         prompt_ids,
         {"type": "array", "items": prompt_ids, "minItems": 1, "maxItems": oai.MAX_EMBEDDING_INPUTS},
     ]}
-    embedding["dimensions"] = {"type": "null", "description": "not supported: the model's hidden size"}
+    embedding["dimensions"] = limits.dimensions_schema()
+    encode = components["EncodeBody"]
+    encode["properties"]["text"] = {"anyOf": [prompt_text, {"type": "array", "items": prompt_text, "minItems": 1},
+                                              {"type": "null"}]}
+    encode["properties"]["input_ids"] = {"anyOf": [prompt_ids, {"type": "array", "items": prompt_ids, "minItems": 1},
+                                                   {"type": "null"}]}
+    encode["properties"]["dimensions"] = limits.dimensions_schema()
+    encode["oneOf"] = [  # exactly one of text and input_ids
+        {"required": [one], "properties": {one: {"not": {"type": "null"}}, other: {"type": "null"}}}
+        for one, other in (("text", "input_ids"), ("input_ids", "text"))]
 
 
 RID = {"type": "string", "minLength": 1}
@@ -357,8 +380,11 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         "/health": {"get": get("200 while every process is alive", json_ok, 503)},
         "/health_generate": {"get": get("200 once a one-token generation went through the scheduler", json_ok,
                                         503)},
-        "/v1/embeddings": {"post": post("OpenAI embeddings: each input's last hidden state, unit length",
-                                        "EmbeddingRequest", json_ok, 400, 404, 503)},
+        "/v1/embeddings": {"post": post("OpenAI embeddings: each input's final hidden states, pooled as the model "
+                                        "says (by default the last token's, unit length)", "EmbeddingRequest",
+                                        json_ok, 400, 404, 503)},
+        "/encode": {m: post("embeddings (SGLang's native API): the Engine's encode", "EncodeBody", json_ok, 400, 404,
+                            503) for m in ("post", "put")},
         "/v1/models/{model}": {"get": {**get("the served model, by any name the server knows it by", json_ok,
                                              404),
                                        "parameters": [{"name": "model", "in": "path", "required": True,

@@ -1,8 +1,8 @@
 """Operations routes: GET /health, GET /health_generate, GET /metrics (Prometheus text), GET /openapi.json.
 
 /health answers 503 while a helper process is down (``health()`` says why). /health_generate (SGLang's) also
-runs a one-token generation through the request path and the scheduler, and answers 503 unless it finishes
-within HEALTH_GENERATE_TIMEOUT_S. /metrics answers even when the
+runs a one-token generation (an embedding model: a one-token embedding) through the request path and the
+scheduler, and answers 503 unless it finishes within HEALTH_GENERATE_TIMEOUT_S. /metrics answers even when the
 scheduler does not (its part is then left out). /openapi.json is built once, on first request, from the
 model's and the server's limits (radixrt.server.openapi).
 """
@@ -52,8 +52,11 @@ async def health_generate(tm: TokenizerManager, health: Callable[[], str | None]
     if problem is not None:
         return error_response(f"unhealthy: {problem}", 503)
     first = tm.tokenizer.bos_token_id if tm.tokenizer.bos_token_id is not None else 0
-    probe = GenerateInput(input_ids=[first], sampling_params={"max_new_tokens": 1, "temperature": 0},
-                          rid=f"HEALTH_CHECK_{uuid.uuid4().hex[:12]}")
+    rid = f"HEALTH_CHECK_{uuid.uuid4().hex[:12]}"
+    if tm.limits.generates:
+        probe = GenerateInput(input_ids=[first], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=rid)
+    else:  # an embedding model: one token's embedding
+        probe = GenerateInput(input_ids=[first], embed=True, rid=rid)
     states = tm.submit(await tm.off_loop(tm.prepare, probe))
     try:
         await asyncio.wait_for(gather(request, tm, states, stream=False), HEALTH_GENERATE_TIMEOUT_S)
@@ -69,7 +72,7 @@ async def openapi(tm: TokenizerManager, built: list[bytes], request: Request) ->
     """``built``: this app's document once encoded (empty before the first request)."""
     if not built:
         limits = ApiLimits.of_server(tm.context_length, tm.vocab_size, getattr(tm, "client_limits", None),
-                                     tuple(tm.served_names()), tm.args.max_messages)
+                                     tuple(tm.served_names()), tm.args.max_messages, tm.limits)
         built.append(encode_json(build_openapi(limits, radixrt.__version__)))
     return Response(built[0], media_type="application/json")
 

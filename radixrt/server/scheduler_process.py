@@ -53,6 +53,7 @@ class SchedulerProcess:
 
         self.scheduler = Scheduler(args, self.runner, self.tokenizer, self.eos_ids, self._sink, grammars)
         self.running = True
+        limits = self.scheduler.limits
         self.to_tokenizer.send(ENCODER.encode(SchedulerReady(
             pid=os.getpid(),
             model_info=loaded.model_info(),
@@ -60,6 +61,9 @@ class SchedulerProcess:
             context_length=self.runner.context_length,
             page_size=self.runner.page_size,
             num_pages=self.runner.pool.num_pages,
+            generates=limits.generates,
+            embedding_size=limits.embedding_size,
+            matryoshka=None if limits.matryoshka is None else list(limits.matryoshka),
         )))
 
     def _sink(self, msg) -> None:

@@ -36,6 +36,7 @@ import torch
 
 from radixrt.memory.page_pool import KVLayout, PagePool
 from radixrt.model.forward_batch import ForwardBatch
+from radixrt.model.pooling import Pooling
 
 MODULUS = 67_108_859  # < 2**26: products of two residues and sums of thousands of them fit in int64
 BASE = 1_000_003
@@ -68,7 +69,8 @@ class FakeRunner:
                  context_length: int = 2048, copying: bool = False, long_rope_from: int | None = None) -> None:
         self.copying = copying
         self.long_rope_from = long_rope_from
-        self.config = SimpleNamespace(vocab_size=vocab_size)
+        self.embedding_only, self.pooling, self.matryoshka = False, Pooling(), None  # a generating model
+        self.config = SimpleNamespace(vocab_size=vocab_size, hidden_size=2)
         self.context_length = context_length
         self.device = torch.device("cpu")
         self.adapters = FakeAdapters()
