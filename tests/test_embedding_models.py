@@ -130,6 +130,18 @@ def test_a_causal_checkpoint_under_is_embedding_loads_no_head_and_refuses_genera
     assert run.embed(PROMPTS[1:2])  # and it keeps serving
 
 
+def test_an_untied_checkpoint_without_its_head_asks_for_is_embedding(tmp_path):
+    # Qwen3-Embedding-4B's layout: a ForCausalLM architecture, untied, no lm_head tensor
+    from radixrt.model.runner import ModelRunner
+
+    save_embedding_model("mistral", tmp_path, "last")
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["MistralForCausalLM"]}))
+    with pytest.raises(ValueError, match="no LM head.*--is-embedding"):
+        ModelRunner(tmp_path, dtype="float32", page_size=PAGE, num_pages=8)
+    assert Run(tmp_path, is_embedding=True).embed(PROMPTS[:1])
+
+
 def test_a_generating_model_still_embeds_with_the_last_token(tmp_path):
     from tiny_models import save_tiny_model
 

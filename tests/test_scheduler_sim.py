@@ -73,6 +73,7 @@ KNOBS = st.builds(
     lora=st.booleans(),
     max_loras_per_batch=st.sampled_from((8, 2, 1)),
     long_rope_from=st.sampled_from((0, 24)),
+    embeddings=st.sampled_from(("", "mean", "last")),
 )
 
 
@@ -156,7 +157,42 @@ def test_long_rope_sequences_match_solo_runs(world, oracle):
     assert sum(r.spec_accepted_tokens for r in results) > 0
 
 
+def test_embedding_requests_match_solo_runs(world, oracle):
+    """Embedding requests among the soak's workloads (a quarter of the requests no turn continues), pooled by the
+    last token, the mean over every token or the first token's (the fake model's "hidden state" of a row is a
+    function of its whole prefix read back): each vector equals the request's alone, whatever chunking, sharing,
+    eviction, retraction or preemption it met; nothing leaks."""
+    for method in ("last", "mean", "cls"):
+        knobs = [Knobs.from_seed(seed, embeddings=method) for seed in range(8)]
+        # and under more pressure: short prefill chunks, urgent requests preempting requests mid-prompt
+        knobs += [Knobs.from_seed(seed, embeddings=method, priorities=True, chunked_prefill_size=8,
+                                  oversubscription=10.0) for seed in range(8)]
+        results = [run_seed(k, world, oracle) for k in knobs]
+        assert all(r.ok for r in results), "\n".join(_failure_report(r) for r in results if not r.ok)
+        assert sum(spec.embed for k in knobs for spec in generate(k, world).requests) > 10
+        assert sum(r.retractions + r.preemptions for r in results) > 0
+
+
 # ----- the simulation's checks have teeth ----------------------------------------------------------
+
+
+def test_simulation_reports_an_every_token_pooling_served_from_the_cache(world, oracle, monkeypatch):
+    # A mean-pooled request matched against the cache: its pooling misses the cached tokens' states.
+    from radixrt.scheduler.admission import Admission
+
+    limit = Admission._match_limit
+
+    def limit_of_a_last_token_pooling(self, req):
+        pool, req.pool = req.pool, None
+        try:
+            return limit(self, req)
+        finally:
+            req.pool = pool
+
+    monkeypatch.setattr(Admission, "_match_limit", limit_of_a_last_token_pooling)
+    kinds = {kind for seed in range(8) for kind, _ in run_seed(Knobs.from_seed(seed, embeddings="mean"), world,
+                                                               oracle).failures}
+    assert kinds & {"mismatch", "crash:isolated"}, kinds
 
 
 def test_simulation_reports_prefixes_shared_across_adapters(world, oracle, monkeypatch):

@@ -161,6 +161,23 @@ def test_tp2_on_tiny_models_of_other_families_with_a_padded_vocabulary_matches_t
         assert lps == pytest.approx(want_lps, abs=1e-4)
 
 
+def test_tp2_embedding_model_gives_tp1s_vectors(tmp_path, default_model_path):
+    # an embedding checkpoint (no LM head on any rank) pooled over every token: the final norm's output is whole on
+    # rank 0 after the last all-reduce, so the vectors are tp 1's
+    from radixrt import Engine
+    from tiny_models import save_embedding_model
+
+    save_embedding_model("qwen3", tmp_path, "mean", tokenizer_from=default_model_path)
+    prompts = [[p % 128 for p in prompt] for prompt in PROMPTS]
+    runs = []
+    for tp_size in (1, 2):
+        with Engine(model=str(tmp_path), dtype="float32", tp_size=tp_size, max_total_pages=64,
+                    log_interval=0) as engine:
+            runs.append([r["embedding"] for r in engine.encode(input_ids=prompts)])
+    for want, got in zip(*runs):
+        assert got == pytest.approx(want, abs=1e-5)
+
+
 def test_tp2_with_fp8_weights_matches_tp1(tmp_path, default_model_path):
     # an FP8 checkpoint in blocks of 16 x 16: a column-split projection takes its rows' scales, a row-split one all
     # its blocks, its shard's inputs counted from the shard's first (rank 1 starts in block 2 of o_proj's 4)

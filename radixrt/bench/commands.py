@@ -1,4 +1,4 @@
-"""`radixrt bench offline | serving | decode | vllm | tools | priority | spec`: argument parsing and the runs (see the
+"""`radixrt bench offline | serving | decode | vllm | embed | tools | priority | spec`: argument parsing and the runs (see the
 modules for details).
 
     radixrt bench offline --workload random --num-prompts 64 --input-len 200 --output-len 64 --baseline hf
@@ -9,6 +9,7 @@ modules for details).
     radixrt bench serving --url http://127.0.0.1:30000 --worker-urls http://127.0.0.1:30001 http://127.0.0.1:30002
     radixrt bench decode --dtypes bfloat16,float32 --batch-sizes 1,32
     radixrt bench vllm --vllm-python /tmp/radixrt-peers/venv-vllm/bin/python --workloads a:nocache,b:cache
+    radixrt bench embed --vllm-python /tmp/radixrt-peers/venv-vllm/bin/python
     radixrt bench tools --num-prompts 50 --tool-choice required
     radixrt bench priority --batch 16 --interactive 6 --interval 1.5
     radixrt bench spec --workloads extraction,extraction-series,agent,refine,random --batch-sizes 1,8
@@ -61,7 +62,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 def add_bench_parser(commands) -> None:
     """Add `bench` with its subcommands to the CLI's subparsers."""
     bench = commands.add_parser("bench",
-                                help="benchmarks: offline (Engine), serving (HTTP), decode, vllm, tools, priority")
+                                help="benchmarks: offline (Engine), serving (HTTP), decode, vllm, embed, tools, priority")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     off = sub.add_parser("offline", help="a workload through the in-process Engine")
@@ -101,6 +102,10 @@ def add_bench_parser(commands) -> None:
     from radixrt.bench.vs_vllm import add_vllm_parser
 
     add_vllm_parser(sub)
+
+    from radixrt.bench.embed_vs_vllm import add_embed_parser
+
+    add_embed_parser(sub)
 
     from radixrt.bench.tool_calls import add_arguments as add_tool_call_arguments
     from radixrt.bench.tool_calls import run as run_tool_calls

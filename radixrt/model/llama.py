@@ -341,6 +341,9 @@ class LlamaForCausalLM(InferenceModule):
             for n, m in self.named_modules()
             for _ in m.parameters(recurse=False)
         )
+        if self.lm_head is not None and "lm_head.weight.0" not in seen:
+            raise ValueError("the checkpoint has no LM head (lm_head.weight) and its embeddings are not tied: an "
+                             "embedding model? Serve it with --is-embedding (Engine(is_embedding=True))")
         if len(seen) != expected:
             raise ValueError(f"the checkpoint filled {len(seen)} of {expected} weights")
 

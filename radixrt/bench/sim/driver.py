@@ -54,6 +54,7 @@ class SeedResult:
     spec_accepted_tokens: int = 0  # draft tokens that became output
     session_turns: int = 0  # conversation turns that continued a session's earlier turn by rid
     long_rope_restarts: int = 0  # requests computed again, rotated long, when their outputs outgrew the context
+    embeddings: int = 0  # embedding requests that finished with their vector
     seconds: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)
 
@@ -141,6 +142,7 @@ class Simulation:
         self.result.spec_verify_steps = stats.spec_verify_steps
         self.result.spec_accepted_tokens = stats.spec_accepted_tokens
         self.result.aborts = sum(1 for r in self.sink.finished.values() if r.type == "abort")
+        self.result.embeddings = sum(1 for rid in self.sink.finished if self.sink.outcome(rid).embedding is not None)
         return self.result
 
     def _submit_due(self) -> None:
@@ -288,7 +290,7 @@ class Simulation:
                 raise SimFailure("finish", f"{rid}: finish reason {reason}")
             else:
                 solo = self.oracle.run(spec, self.prompts[rid], self.knobs.jump_forward, self.vocab_size,
-                                       self.knobs.copying, self.knobs.long_rope_from)
+                                       self.knobs.copying, self.knobs.long_rope_from, self.knobs.embeddings)
                 problem = same_outcome(self.sink.outcome(rid), solo)
                 if problem:
                     raise SimFailure("mismatch", f"{rid}: {problem} (prompt {len(self.prompts[rid])} tokens)")
@@ -304,7 +306,7 @@ class Simulation:
             raise SimFailure("unexpected-abort", f"{spec.rid}: {reason}")
         if emitted:
             solo = self.oracle.run(spec, self.prompts[spec.rid], self.knobs.jump_forward, self.vocab_size,
-                                   self.knobs.copying, self.knobs.long_rope_from)
+                                   self.knobs.copying, self.knobs.long_rope_from, self.knobs.embeddings)
             if spec.grammar is not None and self.knobs.jump_forward:
                 # An abort sends the tokens held back for jump-forward as they are; run on, jump-forward
                 # may have re-tokenised them ("alpha beta " + "delta" -> "alpha beta" + " delta"): same text.

@@ -2,8 +2,9 @@
 real page pool, so that any page-table or page-sharing mistake of the scheduler changes its outputs.
 
 What the scheduler uses of a runner, and only that: ``forward(batch)``, ``pool``, ``page_size``,
-``config.vocab_size``, ``context_length``, ``device``, ``long_rope_from``, and ``adapters`` for LoRA requests
-(``FakeAdapters``: three names and their uids).
+``config.vocab_size``, ``context_length``, ``device``, ``long_rope_from``, ``adapters`` for LoRA requests
+(``FakeAdapters``: three names and their uids), and ``pooling`` for embedding requests (a batch that asks for its
+hidden states gets each logits row's scores: a function of its whole prefix read back, as a real one's).
 
 The KV pool is a real ``PagePool`` with a tiny layout (1 layer, 1 head, head_dim 2, fp32). ``forward``:
 1. writes every new token's (id, position) into its K slot (``batch.out_slots``), as attention writes K/V; a
@@ -66,10 +67,12 @@ class FakeAdapters:
 
 class FakeRunner:
     def __init__(self, vocab_size: int, word_ids: list[int], eos_id: int, page_size: int, num_pages: int,
-                 context_length: int = 2048, copying: bool = False, long_rope_from: int | None = None) -> None:
+                 context_length: int = 2048, copying: bool = False, long_rope_from: int | None = None,
+                 pooling: Pooling | None = None) -> None:
         self.copying = copying
         self.long_rope_from = long_rope_from
-        self.embedding_only, self.pooling, self.matryoshka = False, Pooling(), None  # a generating model
+        # a generating model whose embedding requests pool as ``pooling`` says (a real one pools by the last token)
+        self.embedding_only, self.pooling, self.matryoshka = False, pooling or Pooling(), None
         self.config = SimpleNamespace(vocab_size=vocab_size, hidden_size=2)
         self.context_length = context_length
         self.device = torch.device("cpu")
@@ -125,6 +128,8 @@ class FakeRunner:
         self.forwards += 1
         self.tokens += int(extend_lens.sum())
         logits = self.logits_of(hashes)
+        if batch.return_hidden:  # an embedding request's "final hidden states": the row's scores
+            batch.hidden_states = logits[:, self.scored_ids]
         if self.copying:
             self._copy(logits, stored[owner[rows], :, 0] % ADAPTER_STRIDE, positions[rows], hashes)  # token ids
         return logits

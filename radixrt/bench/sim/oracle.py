@@ -18,12 +18,14 @@ import msgspec
 from radixrt.bench.sim.fake_runner import FakeRunner
 from radixrt.bench.sim.workload import Knobs, SimRequest
 from radixrt.bench.sim.world import World
+from radixrt.model.pooling import Pooling
 from radixrt.protocol.messages import BatchTokenOut, ControlOut, FinishReason, GenerateReq, ReqDelta, SessionParams
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.server_args import ServerArgs
 
 SOLO_PAGE_SIZE = 16
 LOGPROB_TOLERANCE = 1e-5
+EMBEDDING_TOLERANCE = 1e-5  # a mean pooled over other chunks adds its float32 sums in another order
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(ReqDelta)
 
@@ -52,7 +54,8 @@ def server_args(knobs: Knobs, num_pages: int) -> ServerArgs:
 def build_scheduler(world: World, knobs: Knobs, num_pages: int, sink: Callable[[BatchTokenOut], None],
                     vocab_size: int) -> tuple[Scheduler, FakeRunner]:
     runner = FakeRunner(vocab_size, world.word_ids + world.punctuation_ids, world.eos_id,
-                        knobs.page_size, num_pages, copying=knobs.copying, long_rope_from=knobs.long_rope_from or None)
+                        knobs.page_size, num_pages, copying=knobs.copying, long_rope_from=knobs.long_rope_from or None,
+                        pooling=Pooling(knobs.embeddings) if knobs.embeddings else None)
     args = server_args(knobs, num_pages)
     scheduler = Scheduler(args, runner, world.tokenizer, world.eos_ids, sink, world.grammars(knobs.jump_forward))
     return scheduler, runner
@@ -62,7 +65,7 @@ def generate_req(spec: SimRequest, prompt: list[int], session: SessionParams | N
     return GenerateReq(rid=spec.rid, input_ids=list(prompt), params=spec.params, return_logprob=spec.return_logprob,
                        logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
                        grammar=spec.grammar, priority=spec.priority, session=session, lora_path=spec.lora_path,
-                       cache_key=spec.cache_key)
+                       cache_key=spec.cache_key, embed=spec.embed)
 
 
 @dataclass
@@ -71,6 +74,7 @@ class Outcome:
     finish_reason: FinishReason | None
     output_logprobs: list | None = None
     input_logprobs: list | None = None
+    embedding: list[float] | None = None
 
 
 def _logprobs_differ(a: list | None, b: list | None) -> bool:
@@ -93,6 +97,14 @@ def same_outcome(got: Outcome, alone: Outcome) -> str | None:
         return f"output logprobs {got.output_logprobs} != alone {alone.output_logprobs}"
     if _logprobs_differ(got.input_logprobs, alone.input_logprobs):
         return f"input logprobs {got.input_logprobs} != alone {alone.input_logprobs}"
+    if (got.embedding is None) != (alone.embedding is None):
+        return f"embedding {'none' if got.embedding is None else 'given'}, alone the other way"
+    if got.embedding is not None:
+        if len(got.embedding) != len(alone.embedding):
+            return f"embedding of {len(got.embedding)} values != alone {len(alone.embedding)}"
+        worst = max(abs(x - y) for x, y in zip(got.embedding, alone.embedding))
+        if worst > EMBEDDING_TOLERANCE:
+            return f"embedding differs from alone by up to {worst:.3g}"
     return None
 
 
@@ -143,7 +155,8 @@ class DeltaSink:
         deltas = self.deltas.get(rid, [])
         input_logprobs = next((d.input_logprobs for d in deltas if d.input_logprobs is not None), None)
         output_logprobs = [x for d in deltas for x in (d.output_logprobs or [])]
-        return Outcome(self.output(rid), self.finished.get(rid), output_logprobs, input_logprobs)
+        embedding = next((d.embedding for d in deltas if d.embedding is not None), None)
+        return Outcome(self.output(rid), self.finished.get(rid), output_logprobs, input_logprobs, embedding)
 
 
 class SoloOracle:
@@ -153,24 +166,25 @@ class SoloOracle:
         self.runs = 0
 
     def run(self, spec: SimRequest, prompt: list[int], jump_forward: bool, vocab_size: int,
-            copying: bool = False, long_rope_from: int = 0) -> Outcome:
+            copying: bool = False, long_rope_from: int = 0, pooling: str = "") -> Outcome:
         """``vocab_size``: the logits' width in the run compared (sampling noise is drawn over the whole row);
-        ``copying`` and ``long_rope_from``: the fake model's (the solo run never speculates)."""
+        ``copying``, ``long_rope_from`` and ``pooling``: the fake model's (the solo run never speculates)."""
         key = (tuple(prompt), msgspec.json.encode(spec.params), spec.grammar, spec.return_logprob,
                spec.logprob_start_len, spec.top_logprobs_num, jump_forward, vocab_size, copying, spec.lora_path,
-               long_rope_from)
+               long_rope_from, spec.embed and pooling)
         outcome = self.memo.get(key)
         if outcome is None:
-            outcome = self.memo[key] = self._run(spec, prompt, jump_forward, vocab_size, copying, long_rope_from)
+            outcome = self.memo[key] = self._run(spec, prompt, jump_forward, vocab_size, copying, long_rope_from,
+                                                 pooling)
         return outcome
 
     def _run(self, spec: SimRequest, prompt: list[int], jump_forward: bool, vocab_size: int,
-             copying: bool, long_rope_from: int) -> Outcome:
+             copying: bool, long_rope_from: int, pooling: str) -> Outcome:
         self.runs += 1
         num_pages = math.ceil((len(prompt) + spec.params.max_new_tokens) / SOLO_PAGE_SIZE) + 4
         knobs = Knobs(page_size=SOLO_PAGE_SIZE, radix_cache=False, partial_page_reuse=False,
                       chunked_prefill_size=len(prompt) + spec.params.max_new_tokens + 1, jump_forward=jump_forward,
-                      copying=copying, long_rope_from=long_rope_from)
+                      copying=copying, long_rope_from=long_rope_from, embeddings=pooling)
         sink = DeltaSink()
         scheduler, _ = build_scheduler(self.world, knobs, num_pages, sink, vocab_size)
         scheduler.submit(generate_req(spec, prompt))

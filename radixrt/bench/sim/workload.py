@@ -71,6 +71,9 @@ class Knobs:
     lora: bool = False  # requests through LoRA adapters (and with cache isolation keys)
     max_loras_per_batch: int = 8
     long_rope_from: int = 0  # the fake model's LongRoPE original context (0: none): longer sequences rotate long
+    # a pooling method ("last", "mean", "cls"): a quarter of the requests no turn continues are embedding requests
+    # (not drawn by ``from_seed``: they would lower the memory pressure the other knobs' seeds are known to make)
+    embeddings: str = ""
 
     @classmethod
     def from_seed(cls, seed: int, **overrides) -> "Knobs":
@@ -136,6 +139,7 @@ class SimRequest:
     priority: int | None = None
     lora_path: str | None = None
     cache_key: str | None = None
+    embed: bool = False  # an embedding request: its prompt's pooled vector, no tokens
 
 
 @dataclass
@@ -271,6 +275,15 @@ class _Builder:
             self.add(prompt, start, params=(params, grammar, error))
 
 
+def _make_embedding_requests(requests: list[SimRequest], rng: random.Random) -> None:
+    """A quarter of the requests no turn continues become embedding requests (their aborts kept)."""
+    parents = {r.parent for r in requests}
+    for req in requests:
+        if req.parent is None and req.rid not in parents and rng.random() < 0.25:
+            req.embed, req.params, req.grammar, req.expect_error = True, SamplingParams(max_new_tokens=0), None, None
+            req.return_logprob, req.logprob_start_len, req.top_logprobs_num = False, -1, 0
+
+
 def _as_dict(params: SamplingParams) -> dict:
     return {f: getattr(params, f) for f in params.__struct_fields__}
 
@@ -285,6 +298,8 @@ def generate(knobs: Knobs, world: World) -> Workload:
     while builder.room > 0:
         builder.rng.choice(shapes)()
     requests = builder.requests
+    if knobs.embeddings:
+        _make_embedding_requests(requests, random.Random(f"embedding-requests-{knobs.seed}"))
     page_size = knobs.page_size
     needs = [math.ceil((r.length_bound + r.params.max_new_tokens) / page_size) for r in requests]
     # Every request must fit alone (the scheduler rejects one that needs more than the pool, plus a page).

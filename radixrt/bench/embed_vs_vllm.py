@@ -1,0 +1,96 @@
+"""`radixrt bench embed`: embedding throughput, radixrt next to vLLM's pooling runner, the same token ids, alternating.
+
+    radixrt bench embed --vllm-python /tmp/radixrt-peers/venv-vllm/bin/python [--model M] [--rounds 2]
+
+Both engines serve the model for embeddings only (radixrt: ``is_embedding``; vLLM: ``runner="pooling"``), pool as
+the checkpoint says (without sentence-transformers files: the last token, normalized, for both) and keep their
+prefix caches on. Every engine run is a fresh subprocess (`embed_run.py`; vLLM's by file path under its own
+python, as `radixrt bench vllm` runs it). The workloads (ids from vs_vllm's seeded words, the model's tokenizer):
+  queries: 256 search queries of 16 tokens behind one instruction (Qwen3-Embedding's retrieval prompt), as a
+           retrieval service embeds them;
+  documents: 64 distinct passages of 400 tokens, as an indexing job does.
+Each row: prompts/s of each engine (best of the rounds), radixrt / vLLM, and the smallest cosine between the two
+engines' vectors of the first prompts (the same model, so near 1 up to the dtype's rounding).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+from radixrt.bench.vs_vllm import ids_exact, machine_line, resolve_dtype, tokenizer_encoder, vllm_env, _run_engine
+
+EMBED_RUN = Path(__file__).with_name("embed_run.py")
+INSTRUCTION = ("Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:")
+QUERIES, QUERY_LEN = 256, 16
+DOCUMENTS, DOCUMENT_LEN = 64, 400
+
+
+def build_workloads(encode) -> dict[str, list[list[int]]]:
+    instruction = encode(INSTRUCTION)
+    queries = [instruction + ids_exact(encode, random.Random(9000 + i), QUERY_LEN, "")
+               for i in range(QUERIES)]
+    documents = [ids_exact(encode, random.Random(19000 + i), DOCUMENT_LEN, f"Passage {i}:") for i in range(DOCUMENTS)]
+    return {"queries": queries, "documents": documents}
+
+
+def min_cosine(a: list[list[float]], b: list[list[float]]) -> float:
+    def cos(x: list[float], y: list[float]) -> float:
+        return sum(p * q for p, q in zip(x, y)) / math.sqrt(sum(p * p for p in x) * sum(q * q for q in y))
+
+    return min(cos(x, y) for x, y in zip(a, b))
+
+
+def add_embed_parser(sub) -> None:
+    from radixrt.server_args import DEFAULT_MODEL
+
+    p = sub.add_parser("embed", help="embedding throughput next to vLLM's pooling runner, engines alternating")
+    p.add_argument("--vllm-python", required=True, help="the python of a venv with vLLM installed")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--dtype", default="auto", help="auto: what radixrt picks on this CPU, for both engines")
+    p.add_argument("--workloads", default="queries,documents")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=1200.0)
+    p.set_defaults(run=run_embed_bench)
+
+
+def run_embed_bench(args) -> int:
+    from radixrt.model.weights import resolve_model_path
+
+    model = str(resolve_model_path(args.model))
+    dtype = resolve_dtype(args.dtype)
+    machine = machine_line()
+    print(machine, flush=True)
+    names = [n for n in args.workloads.split(",") if n]
+    best: dict[tuple[str, str], dict] = {}
+    with tempfile.TemporaryDirectory(prefix="radixrt-embed-") as tmp:
+        path = str(Path(tmp) / "workload.json")
+        with open(path, "w") as f:
+            json.dump(build_workloads(tokenizer_encoder(model)), f)
+        slots = [("radixrt", [sys.executable, "-m", "radixrt.bench.embed_run", "radixrt"], dict(os.environ)),
+                 ("vllm", [args.vllm_python, str(EMBED_RUN), "vllm"], vllm_env())]
+        for round_index in range(1, args.rounds + 1):
+            for name in names:
+                for slot, cmd, env in slots:
+                    print(f"[round {round_index}] {slot} {name} {dtype}", file=sys.stderr, flush=True)
+                    result = _run_engine([*cmd, model, path, name, dtype], env, args.timeout)
+                    if result is None:
+                        print(f"{slot} failed on {name}", file=sys.stderr)
+                        return 1
+                    print("RESULT_JSON", json.dumps({k: v for k, v in result.items() if k != "vectors"}), flush=True)
+                    if (slot, name) not in best or result["prompts_s"] > best[slot, name]["prompts_s"]:
+                        best[slot, name] = result
+    print(machine)
+    print(f"{'workload':10} {'dtype':9} {'radixrt prompts/s':>17} {'vLLM prompts/s':>14} {'ratio':>6} "
+          f"{'radixrt cached':>14} {'min cosine':>10}")
+    for name in names:
+        ours, peer = best["radixrt", name], best["vllm", name]
+        print(f"{name:10} {dtype:9} {ours['prompts_s']:17.1f} {peer['prompts_s']:14.1f} "
+              f"{ours['prompts_s'] / peer['prompts_s']:6.2f} {ours['cached_prompt_tokens']!s:>14} "
+              f"{min_cosine(ours['vectors'], peer['vectors']):10.5f}")
+    return 0
