@@ -190,3 +190,42 @@ def test_a_failing_peer_run_exits_non_zero(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "radixrt.cli", "bench", "vllm", "--vllm-python",
                               str(tmp_path / "absent")], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "--vllm-python" in missing.stderr
+
+
+# ----- radixrt bench embed ---------------------------------------------------------------------------------
+
+
+def test_embedding_workloads_have_the_documented_shapes():
+    from radixrt.bench import embed_vs_vllm as e
+
+    wl = e.build_workloads(_encode)
+    assert wl == e.build_workloads(_encode)
+    instruction = _encode(e.INSTRUCTION)
+    assert len(wl["queries"]) == 256 and all(q[: len(instruction)] == instruction for q in wl["queries"])
+    assert len({tuple(q) for q in wl["queries"]}) == 256
+    assert len(wl["documents"]) == 64 and all(len(d) == 400 for d in wl["documents"])
+    assert e.min_cosine([[1.0, 0.0], [0.0, 2.0]], [[2.0, 0.0], [1.0, 1.0]]) == pytest.approx(0.5 ** 0.5)
+
+
+def test_embed_run_imports_nothing_of_radixrt():
+    from radixrt.bench import embed_run, embed_vs_vllm
+
+    code = ("import runpy, sys; runpy.run_path(sys.argv[1]); "
+            "assert not [m for m in sys.modules if m.startswith('radixrt')], 'radixrt imported'")
+    subprocess.run([sys.executable, "-c", code, str(embed_vs_vllm.EMBED_RUN)], check=True)
+    assert embed_run.main(["nope"]) == 2
+
+
+@pytest.mark.model
+def test_embed_run_result_has_the_fields(tmp_path, capsys):
+    from radixrt.bench import embed_run
+    from radixrt.model.weights import resolve_model_path
+
+    path = tmp_path / "w.json"
+    prompts = [[1, 504, 3458, 282], [1, 504, 3458, 282, 4649, 314], [1, 2000, 300]]
+    path.write_text(json.dumps({"queries": prompts}))
+    assert embed_run.main(["radixrt", str(resolve_model_path("smollm2-135m")), str(path), "queries", "float32"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("RESULT_JSON "))
+    result = json.loads(line.split(" ", 1)[1])
+    assert result["engine"] == "radixrt" and result["prompt_tok_s"] > 0 and len(result["vectors"]) == 3
+    assert all(abs(sum(x * x for x in vec) - 1) < 1e-3 for vec in result["vectors"])

@@ -9,8 +9,8 @@ python, as `radixrt bench vllm` runs it). The workloads (ids from vs_vllm's seed
   queries: 256 search queries of 16 tokens behind one instruction (Qwen3-Embedding's retrieval prompt), as a
            retrieval service embeds them;
   documents: 64 distinct passages of 400 tokens, as an indexing job does.
-Each row: prompts/s of each engine (best of the rounds), radixrt / vLLM, and the smallest cosine between the two
-engines' vectors of the first prompts (the same model, so near 1 up to the dtype's rounding).
+Each row: prompt tokens a second of each engine (best of the rounds), radixrt / vLLM, and the smallest cosine between
+the two engines' vectors of the first prompts (the same model, so near 1 up to the dtype's rounding).
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import json
 import math
 import os
 import random
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from radixrt.bench.vs_vllm import ids_exact, machine_line, resolve_dtype, tokenizer_encoder, vllm_env, _run_engine
+from radixrt.bench.vs_vllm import ids_exact, machine_line, parse_result, resolve_dtype, tokenizer_encoder, vllm_env
 
 EMBED_RUN = Path(__file__).with_name("embed_run.py")
 INSTRUCTION = ("Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:")
@@ -44,6 +45,21 @@ def min_cosine(a: list[list[float]], b: list[list[float]]) -> float:
         return sum(p * q for p, q in zip(x, y)) / math.sqrt(sum(p * p for p in x) * sum(q * q for q in y))
 
     return min(cos(x, y) for x, y in zip(a, b))
+
+
+def run_engine(cmd: list[str], env: dict[str, str], timeout: float) -> dict | None:
+    """One engine run in a fresh subprocess: its RESULT_JSON, also where the engine crashed while shutting down
+    after printing it (vLLM 0.32's CPU build may: "terminate called without an active exception"); else None, with
+    the output's tail on stderr."""
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        output = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired:
+        output = f"timed out after {timeout:.0f}s"
+    result = parse_result(output)
+    if result is None:
+        print("\n".join(output.splitlines()[-30:]), file=sys.stderr)
+    return result
 
 
 def add_embed_parser(sub) -> None:
@@ -78,7 +94,7 @@ def run_embed_bench(args) -> int:
             for name in names:
                 for slot, cmd, env in slots:
                     print(f"[round {round_index}] {slot} {name} {dtype}", file=sys.stderr, flush=True)
-                    result = _run_engine([*cmd, model, path, name, dtype], env, args.timeout)
+                    result = run_engine([*cmd, model, path, name, dtype], env, args.timeout)
                     if result is None:
                         print(f"{slot} failed on {name}", file=sys.stderr)
                         return 1
@@ -86,11 +102,11 @@ def run_embed_bench(args) -> int:
                     if (slot, name) not in best or result["prompts_s"] > best[slot, name]["prompts_s"]:
                         best[slot, name] = result
     print(machine)
-    print(f"{'workload':10} {'dtype':9} {'radixrt prompts/s':>17} {'vLLM prompts/s':>14} {'ratio':>6} "
+    print(f"{'workload':10} {'dtype':9} {'radixrt tok/s':>13} {'vLLM tok/s':>10} {'ratio':>6} "
           f"{'radixrt cached':>14} {'min cosine':>10}")
-    for name in names:
+    for name in names:  # prompt tokens a second (the same prompts for both: the ratio of prompts a second too)
         ours, peer = best["radixrt", name], best["vllm", name]
-        print(f"{name:10} {dtype:9} {ours['prompts_s']:17.1f} {peer['prompts_s']:14.1f} "
-              f"{ours['prompts_s'] / peer['prompts_s']:6.2f} {ours['cached_prompt_tokens']!s:>14} "
+        print(f"{name:10} {dtype:9} {ours['prompt_tok_s']:13.1f} {peer['prompt_tok_s']:10.1f} "
+              f"{ours['prompt_tok_s'] / peer['prompt_tok_s']:6.2f} {ours['cached_prompt_tokens']!s:>14} "
               f"{min_cosine(ours['vectors'], peer['vectors']):10.5f}")
     return 0
