@@ -183,11 +183,11 @@ def test_simulation_reports_an_every_token_pooling_served_from_the_cache(world, 
     limit = Admission._match_limit
 
     def limit_of_a_last_token_pooling(self, req):
-        pool, req.pool = req.pool, None
+        pooling, req.pooling = req.pooling, None
         try:
             return limit(self, req)
         finally:
-            req.pool = pool
+            req.pooling = pooling
 
     monkeypatch.setattr(Admission, "_match_limit", limit_of_a_last_token_pooling)
     kinds = {kind for seed in range(8) for kind, _ in run_seed(Knobs.from_seed(seed, embeddings="mean"), world,

@@ -202,7 +202,7 @@ class Admission:
         limit = min(req.total_len - 1, req.final_len)
         if req.computes_prompt_logprobs:
             limit = min(limit, max(req.logprob_start_len - 1, 0))
-        if req.pool is not None and req.pool.every_token:
+        if req.pools_every_token:
             limit = 0
         return limit
 

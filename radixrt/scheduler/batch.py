@@ -46,7 +46,7 @@ def plan_batch(running: list[Req], chunked_prefill_size: int, enable_mixed_chunk
 def logits_from(req: Req, n: int) -> int:
     """First row of this chunk whose logits are needed (prompt logprobs start early, a verify needs all, an embedding
     pooled over every token needs every row's hidden state)."""
-    if req.draft or (req.pool is not None and req.pool.every_token):
+    if req.draft or req.pools_every_token:
         return 0
     if req.computes_prompt_logprobs:
         first_position = max(req.logprob_start_len - 1, 0)
@@ -62,7 +62,7 @@ def build_forward_batch(plan: Plan, page_size: int, device: torch.device | str,
     chunks = [SeqChunk(_tokens(req, n), req.num_computed, req.pages, logits_from(req, n), req.lora_uid,
                        req.long_rope) for req, n in plan]
     batch = ForwardBatch.build(chunks, page_size, device, long_rope_from)
-    batch.return_hidden = any(req.pool is not None and (req.pool.every_token or req.num_computed + n == req.total_len)
+    batch.return_hidden = any(req.pools_every_token or (req.embed and req.num_computed + n == req.total_len)
                               for req, n in plan)
     return batch
 

@@ -100,16 +100,16 @@ class OutputProcessor:
         start = req.num_computed
         if req.computes_prompt_logprobs:
             collect_prompt_logprobs(req, start, n, rows)
-        if req.pool is not None and req.pool.every_token:
-            req.pool.add(start, hidden)
+        if req.pools_every_token:
+            req.pooling.add(start, hidden)
         req.num_computed += n
         if n > 1 and start < len(req.prompt_ids):  # a prefill chunk (not a jump-forward extend)
             self.memory.cache_prefix(req)
         if req.num_computed < req.total_len:
             return False  # a prefill chunk that does not reach the end yet
         if req.params.max_new_tokens == 0:  # prompt only: logprobs, prefilling a shared prefix, or an embedding
-            if req.pool is not None:
-                req.embedding = req.pool.vector(hidden[-1])
+            if req.pooling is not None:
+                req.embedding = req.pooling.vector(hidden[-1])
             req.finish_reason = FinishReason.length()
             return False
         return True

@@ -63,7 +63,7 @@ class Req:
     draft_matchers: list[GrammarMatcher] | None = None
     spec: SpecState | None = None
     embed: bool = False  # an embedding request: prefill only, then its pooled hidden state
-    pool: EmbeddingPool | None = None  # an embedding request's pooling (radixrt.scheduler.embedding)
+    pooling: EmbeddingPool | None = None  # an embedding request's pooling (radixrt.scheduler.embedding)
     embedding: list[float] | None = None
     # The LoRA adapter its tokens go through (radixrt.model.lora; 0: the base model), and its namespace in the
     # radix cache (the adapter's, and its isolation key's: radixrt.memory.radix_cache.cache_namespace), so K/V
@@ -91,7 +91,7 @@ class Req:
             grammar_spec=msg.grammar,
             priority=msg.priority if msg.priority is not None else 0,
             embed=msg.embed,
-            pool=EmbeddingPool(pooling, msg.dimensions) if msg.embed else None,
+            pooling=EmbeddingPool(pooling, msg.dimensions) if msg.embed else None,
             lora_uid=lora_uid,
             cache_namespace=cache_namespace(lora_uid, msg.cache_key),
         )
@@ -163,6 +163,12 @@ class Req:
     @property
     def wants_prompt_logprobs(self) -> bool:
         return self.return_logprob and self.logprob_start_len >= 0
+
+    @property
+    def pools_every_token(self) -> bool:
+        """An embedding request whose pooling reads every prompt token's state (mean, first token): no prefix from
+        the cache, every row of each chunk kept."""
+        return self.pooling is not None and self.pooling.every_token
 
     @property
     def computes_prompt_logprobs(self) -> bool:
