@@ -88,6 +88,21 @@ def test_generation_is_refused_and_the_server_keeps_serving(http, path, body):
     assert http.post("/encode", json={"input_ids": IDS[1]}).status_code == 200
 
 
+@pytest.mark.parametrize("body,words", [
+    ({"input_ids": IDS[0], "text": "x"}, "exactly one of text and input_ids"),
+    ({"input_ids": []}, "empty"),
+    ({"input_ids": [10**6]}, "outside the vocabulary"),
+    ({"input_ids": IDS[0], "dimensions": 8}, "matryoshka_dimensions"),
+    ({"input_ids": IDS[0], "dimensions": True}, "dimensions"),
+    ({"input_ids": IDS[0], "stream": True}, "stream"),
+])
+def test_bad_encode_requests_get_a_clear_400(http, body, words):
+    res = http.post("/encode", json=body)
+    assert res.status_code == 400, res.text
+    assert words in res.json()["error"]["message"]
+    assert http.post("/encode", json={"input_ids": IDS[1]}).status_code == 200
+
+
 def test_health_generate_model_info_and_openapi_know_an_embedding_model(http):
     assert http.get("/health_generate").status_code == 200
     info = http.get("/model_info").json()
@@ -96,10 +111,12 @@ def test_health_generate_model_info_and_openapi_know_an_embedding_model(http):
     assert schemas["EmbeddingRequest"]["properties"]["dimensions"]["anyOf"][0] == {"enum": DIMS}
 
 
-def test_the_engine_encodes_and_refuses_to_generate(folder):
+@pytest.mark.parametrize("engine_scheduler", ["thread", "process"])
+def test_the_engine_encodes_and_refuses_to_generate(folder, engine_scheduler):
     import radixrt
 
-    with radixrt.Engine(model_path=str(folder[0]), dtype="float32", kv_memory_gb=0.05, log_interval=0) as engine:
+    with radixrt.Engine(model_path=str(folder[0]), dtype="float32", kv_memory_gb=0.05, log_interval=0,
+                        engine_scheduler=engine_scheduler) as engine:
         assert engine.get_model_info()["is_generation"] is False
         vectors = engine.encode(input_ids=IDS, dimensions=16)
         with pytest.raises(ValueError, match="embeddings only"):
