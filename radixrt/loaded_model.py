@@ -76,7 +76,14 @@ class LoadedModel:
             "chat_template": self.chat_template,
             "eos_token_ids": sorted(self.eos_ids),
             "is_generation": not self.runner.embedding_only,  # SGLang's key: False for an embedding model
+            # a classifier's labels, by index (its config's id2label): /v1/classify names the likeliest
+            "classifier_labels": _labels(self.runner.config) if self.runner.classifier else None,
         }
+
+
+def _labels(config) -> list[str]:
+    names = getattr(config, "id2label", None) or {}
+    return [str(names.get(i, names.get(str(i), f"LABEL_{i}"))) for i in range(config.num_labels)]
 
 
 def _start_world(args: ServerArgs, model_path: Path):

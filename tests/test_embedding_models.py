@@ -244,3 +244,25 @@ def test_request_kinds_a_model_cannot_serve_are_refused(embed, dimensions, limit
     with pytest.raises(RequestError, match=words.replace("[", r"\[").replace("]", r"\]")):
         validate_kind(embed, dimensions, model)
     validate_kind(True, None, model)
+
+
+# ----- classifiers and reward models -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family,labels", [("qwen3", ["negative", "neutral", "positive"]), ("llama", ["reward"])])
+def test_a_classifier_gives_transformers_scores_at_the_last_token(tmp_path, family, labels):
+    from tiny_models import save_classifier_model
+
+    model = save_classifier_model(family, tmp_path, labels)
+    run = Run(tmp_path, chunk=4)
+    assert run.runner.classifier and run.runner.embedding_only and run.runner.pooling == Pooling("last", False)
+    run.embed(PROMPTS[:1])  # cached: the next prompt's shared prefix comes from the cache
+    got = run.embed(PROMPTS)
+    assert run.meta["e2"] == len(PREFIX)
+    for ids, scores in zip(PROMPTS, got):
+        with torch.no_grad():
+            want = model(torch.tensor([ids])).logits[0]
+        assert len(scores) == len(labels) and _close(scores, want)
+    run.submit("gen", PROMPTS[0], embed=False)
+    run.drain()
+    assert run.out["gen"].status_code == 400

@@ -243,3 +243,22 @@ def save_embedding_model(family: str, folder: Path, pooling: str = "last", norma
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(
         {"word_embedding_dimension": base.config.hidden_size, **modes, "include_prompt": True}))
     return base
+
+
+def save_classifier_model(family: str, folder: Path, labels: list[str], seed: int = 0):
+    """A tiny ``*ForSequenceClassification`` checkpoint of ``family`` (a reward model with one label), its labels
+    named in the config; returns transformers' model (fp32, eval)."""
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = tiny_config(family)
+    config.num_labels = len(labels)
+    config.id2label = dict(enumerate(labels))
+    config.label2id = {label: i for i, label in enumerate(labels)}
+    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.25)
+    model.eval()
+    model.save_pretrained(folder)
+    return model

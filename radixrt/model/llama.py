@@ -242,6 +242,7 @@ class LlamaForCausalLM(InferenceModule):
         self.lm_head = None if self.tie_word_embeddings else VocabParallelEmbedding(config.vocab_size,
                                                                                    config.hidden_size, tp)
         self.has_head = True  # False for an embedding model (``drop_head``): the forward ends at the final norm
+        self.score: nn.Linear | None = None  # a classifier's head (``add_classifier``), read at the logits rows
         self.logits_scaling = getattr(config, "logits_scaling", None)  # Granite's
         self.packed_head: PackedWeight | None = None
         # the checkpoint's fp8 scheme (model/fp8.py); the runner sets --quantization fp8's before loading
@@ -252,6 +253,13 @@ class LlamaForCausalLM(InferenceModule):
         forward returns the final norm's output at the logits rows instead of logits. Call before loading."""
         self.lm_head = None
         self.has_head = False
+
+    def add_classifier(self, num_labels: int) -> None:
+        """Serve the model as a classifier or reward model (transformers' ``*ForSequenceClassification``): no LM
+        head, and a ``score`` projection to ``num_labels`` after the final norm, whose output the forward returns
+        (and an embedding request pools, unnormalized). Call before loading."""
+        self.drop_head()
+        self.score = nn.Linear(self.config.hidden_size, num_labels, bias=False)
 
     def _head_weight(self) -> torch.Tensor:
         return (self.embed_tokens if self.lm_head is None else self.lm_head).weight
@@ -295,7 +303,9 @@ class LlamaForCausalLM(InferenceModule):
 
     def head_logits(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """The fp32 logits of ``x``, the final norm's output at the logits rows (with ``batch.return_hidden``, ``x``
-        goes to ``batch.hidden_states`` too); ``x`` itself where the model has no head."""
+        goes to ``batch.hidden_states`` too); ``x`` itself where the model has no head, a classifier's scores."""
+        if self.score is not None:
+            x = F.linear(x, self.score.weight)  # in the model's dtype, as transformers' score head
         if batch.return_hidden:
             batch.hidden_states = x
         if not self.has_head:

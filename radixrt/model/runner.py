@@ -14,7 +14,9 @@ takes the CUDA graphs' place.
 
 An embedding model (``is_embedding``, or an embedding checkpoint's architecture: ``model/families.py``) is built
 without its LM head: its forward returns the final norm's output at the logits rows, and it captures no graphs (it
-never decodes). ``pooling`` (``model/pooling.py``) says how its requests' vectors are made.
+never decodes). ``pooling`` (``model/pooling.py``) says how its requests' vectors are made. A classifier or reward
+model (``*ForSequenceClassification``) is such a model with a ``score`` head: its requests' vectors are the scores
+at the prompt's last token.
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ from radixrt.model.attention import AttentionBackend, create_attention_backend
 from radixrt.model.cuda_graph import CudaGraphFactory, GraphFactory, GraphRunner
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.lora import Adapters
-from radixrt.model.families import is_embedding_checkpoint, model_class, served_config, text_model_tensors
+from radixrt.model.families import (
+    is_classifier_checkpoint,
+    is_embedding_checkpoint,
+    model_class,
+    served_config,
+    text_model_tensors,
+)
 from radixrt.model.fp8 import fp8_scheme
 from radixrt.model.layers import long_rope_from
 from radixrt.model.llama import (
@@ -166,9 +174,14 @@ class ModelRunner:
         started = time.perf_counter()
         self.model_path = Path(model_path)
         self.config = load_config(self.model_path, model_overrides)
-        # served for embeddings only: no LM head; its pooling from the checkpoint's sentence-transformers files
+        # served for embeddings only: no LM head; its pooling from the checkpoint's sentence-transformers files. A
+        # classifier's request pools its scores at the last token, unnormalized
         self.embedding_only = is_embedding or is_embedding_checkpoint(self.config)
-        self.pooling = read_pooling(self.model_path) if self.embedding_only else Pooling()
+        self.classifier = is_classifier_checkpoint(self.config)
+        if self.classifier:
+            self.pooling = Pooling("last", normalize=False)
+        else:
+            self.pooling = read_pooling(self.model_path) if self.embedding_only else Pooling()
         self.matryoshka = matryoshka(self.config)
         self.world = world
         tp = SINGLE if world is None else world.tp
@@ -185,8 +198,10 @@ class ModelRunner:
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(self.device):
             self.model = model_class(self.config)(self.config, max_positions=self.context_length, tp=tp)
-        if self.embedding_only:
-            self.model.drop_head()
+            if self.classifier:
+                self.model.add_classifier(self.config.num_labels)
+            elif self.embedding_only:
+                self.model.drop_head()
         self.long_rope_from = long_rope_from(self.model)  # forward batches map positions to its rotary rows
         self.model.fp8_scheme = fp8_scheme(self.config, quantization)
         self.model.load_weights(text_model_tensors(iterate_safetensors(self.model_path)))

@@ -4,7 +4,8 @@ Native:  POST /generate, GET /get_model_info, GET /get_server_info, GET|POST /fl
          sessions, GET|POST /start_profile and /stop_profile (radixrt.server.native_routes); POST /tokenize,
          /detokenize, also under /v1/ (radixrt.server.tokenize_routes)
 OpenAI:  POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model}
-         (radixrt.server.openai_routes); POST /v1/embeddings (radixrt.server.embedding_routes)
+         (radixrt.server.openai_routes); POST /v1/embeddings (radixrt.server.embedding_routes); a classifier's
+         POST /classify and /v1/classify (radixrt.server.classify_routes)
 Ops:     GET /health, GET /health_generate, GET /metrics (Prometheus text), GET /openapi.json
          (radixrt.server.ops_routes)
 
@@ -22,6 +23,7 @@ from typing import Callable
 
 from fastapi import FastAPI
 
+from radixrt.server.classify_routes import add_classify_routes
 from radixrt.server.embedding_routes import add_embedding_routes
 from radixrt.server.lora_routes import add_lora_routes
 from radixrt.server.native_routes import add_native_routes
@@ -39,5 +41,6 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
     add_ops_routes(app, tm, health)
     add_openai_routes(app, tm)
     add_embedding_routes(app, tm)
+    add_classify_routes(app, tm)
     add_tokenize_routes(app, tm)
     return app

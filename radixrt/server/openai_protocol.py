@@ -114,6 +114,22 @@ class EmbeddingRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     user: str | None = None
 
 
+class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """vLLM's /v1/classify: ``input`` is a string, strings, token ids or lists of token ids."""
+
+    input: str | list[Any]
+    model: str | None = None
+    user: str | None = None
+
+
+def check_classify(req: ClassifyRequest) -> list[str | list[int]]:
+    """The inputs of a classify call, as prompts (text or token ids)."""
+    prompts = completion_prompts(req.input)
+    if len(prompts) > MAX_EMBEDDING_INPUTS:
+        raise RequestError(f"at most {MAX_EMBEDDING_INPUTS} inputs are allowed in one classify request")
+    return prompts
+
+
 def check_embedding(req: EmbeddingRequest) -> list[str | list[int]]:
     """The inputs of an embeddings call, as prompts (text or token ids)."""
     prompts = completion_prompts(req.input)

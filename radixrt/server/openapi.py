@@ -56,18 +56,19 @@ class ApiLimits:
     max_messages: int | None = None
     embedding_size: int = 0  # the model's (ModelLimits): the lengths an embedding's ``dimensions`` may take
     matryoshka: tuple[int, ...] | None = None
+    classifier: bool = False  # the model is a classifier: /classify and /v1/classify are served
 
     @classmethod
     def of_server(cls, context_length: int, vocab_size: int, client_limits: Any = None,
                   model_names: tuple[str, ...] = (), max_messages: int | None = None,
-                  model_limits: Any = None) -> "ApiLimits":
+                  model_limits: Any = None, classifier: bool = False) -> "ApiLimits":
         """``client_limits``: the server's per-request caps (radixrt.protocol.limits.ClientLimits), when it has them;
         ``model_limits``: the model's (radixrt.protocol.limits.ModelLimits)."""
         caps = {name: getattr(client_limits, name, None)
                 for name in ("max_n", "max_prompt_chars", "max_stop_strings", "max_stop_string_chars")}
         return cls(context_length=context_length, vocab_size=vocab_size, model_names=tuple(sorted(model_names)),
                    max_messages=max_messages, embedding_size=getattr(model_limits, "embedding_size", 0),
-                   matryoshka=getattr(model_limits, "matryoshka", None), **caps)
+                   matryoshka=getattr(model_limits, "matryoshka", None), classifier=classifier, **caps)
 
     def dimensions_schema(self) -> dict[str, Any]:
         """The ``dimensions`` an embedding request may ask for: null unless the model is a Matryoshka model."""
@@ -107,7 +108,8 @@ BOUNDS: dict[str, dict[str, Any]] = {
 }
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
 STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProfileBody, oai.CompletionRequest, oai.ChatCompletionRequest,
-           TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, EncodeBody, LoadLoraBody, UnloadLoraBody, ErrorResponse]
+           TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, EncodeBody, oai.ClassifyRequest, LoadLoraBody, UnloadLoraBody,
+           ErrorResponse]
 
 LORA_ANSWER = {"type": "object", "required": ["success", "loaded_adapters"], "properties": {
     "success": {"type": "boolean"}, "error_message": {"type": ["string", "null"]},
@@ -280,6 +282,7 @@ def _apply_utility_limits(components: dict[str, dict[str, Any]], limits: ApiLimi
         {"type": "array", "items": prompt_ids, "minItems": 1, "maxItems": oai.MAX_EMBEDDING_INPUTS},
     ]}
     embedding["dimensions"] = limits.dimensions_schema()
+    components["ClassifyRequest"]["properties"]["input"] = embedding["input"]
     encode = components["EncodeBody"]
     encode["properties"]["text"] = {"anyOf": [prompt_text, {"type": "array", "items": prompt_text, "minItems": 1},
                                               {"type": "null"}]}
@@ -397,6 +400,11 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         paths[f"{prefix}/tokenize"] = {"post": post("token ids of a prompt, prompts or chat messages",
                                                     "TokenizeBody", json_ok, 400, 404)}
         paths[f"{prefix}/detokenize"] = {"post": post("the text of token ids", "DetokenizeBody", json_ok, 400, 404)}
+    if limits.classifier:
+        paths["/classify"] = {m: post("a classifier's scores at each prompt's last token (SGLang's native API)",
+                                      "EncodeBody", json_ok, 400, 404, 503) for m in ("post", "put")}
+        paths["/v1/classify"] = {"post": post("each input's label and probabilities (vLLM's classify API)",
+                                              "ClassifyRequest", json_ok, 400, 404, 503)}
     return {
         "openapi": "3.1.0",
         "info": {"title": "radixrt", "version": version,

@@ -72,7 +72,8 @@ async def openapi(tm: TokenizerManager, built: list[bytes], request: Request) ->
     """``built``: this app's document once encoded (empty before the first request)."""
     if not built:
         limits = ApiLimits.of_server(tm.context_length, tm.vocab_size, getattr(tm, "client_limits", None),
-                                     tuple(tm.served_names()), tm.args.max_messages, tm.limits)
+                                     tuple(tm.served_names()), tm.args.max_messages, tm.limits,
+                                     tm.model_info.get("classifier_labels") is not None)
         built.append(encode_json(build_openapi(limits, radixrt.__version__)))
     return Response(built[0], media_type="application/json")
 
