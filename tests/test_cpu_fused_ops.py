@@ -16,9 +16,16 @@ from radixrt.model.layers import RMSNorm, RotaryEmbedding, gelu_tanh_and_mul, si
 pytestmark = pytest.mark.usefixtures("cpu_kernel_module")
 
 # fp32 differs from the torch ops only in summation order and FMA contraction; bf16/fp16 round at the same points,
-# so they differ by at most one ulp (2^-7 / 2^-10 relative), where the two exp implementations or the two orders
-# of summing squares differ in fp32's last bit.
-TOLERANCE = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (0, 8e-3), torch.float16: (0, 2e-3)}
+# so they differ where the two exp implementations or the two orders of summing squares differ in fp32's last bit:
+# one ulp of an intermediate (2^-7 / 2^-10 relative), which RMSNorm's second rounding, after the weight's product,
+# may carry into two ulps of its output (bf16: 9 rows in 20,000 random 13 x 96 inputs, up to 1.3e-2 relative).
+TOLERANCE = {torch.float32: (2e-5, 1e-5), torch.bfloat16: (0, 1.6e-2), torch.float16: (0, 4e-3)}
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    """Each test's random inputs are its own, whatever ran before it in the session."""
+    torch.manual_seed(0)
 
 
 @pytest.fixture
