@@ -100,10 +100,14 @@ def test_ratio_table_from_result_lines():
     assert "2.40" in table.splitlines()[1] and "63000" in table.splitlines()[2]
 
 
-def test_peer_run_imports_nothing_of_radixrt():
+def _runs_by_path_without_radixrt(path) -> None:
     code = ("import runpy, sys; runpy.run_path(sys.argv[1]); "
             "assert not [m for m in sys.modules if m.startswith('radixrt')], 'radixrt imported'")
-    subprocess.run([sys.executable, "-c", code, str(v.PEER_RUN)], check=True)
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+
+
+def test_peer_run_imports_nothing_of_radixrt():
+    _runs_by_path_without_radixrt(v.PEER_RUN)
     assert peer_run.main(["nope"]) == 2
 
 
@@ -182,11 +186,19 @@ def test_whole_command_with_radixrt_as_the_peer(tmp_path):
     assert row["radixrt_cached"] == row["peer_cached"] > 0
 
 
+def test_a_result_printed_before_a_crash_counts_only_where_asked(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho \'RESULT_JSON {"engine": "vllm"}\'\nexit 134\n')
+    fake.chmod(0o755)
+    assert v.run_engine([str(fake)], {}, timeout=30) is None
+    assert v.run_engine([str(fake)], {}, timeout=30, result_despite_exit=True) == {"engine": "vllm"}
+
+
 def test_a_failing_peer_run_exits_non_zero(tmp_path):
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
     fake.chmod(0o755)
-    assert v._run_engine([str(fake)], {}, timeout=30) is None
+    assert v.run_engine([str(fake)], {}, timeout=30) is None
     missing = subprocess.run([sys.executable, "-m", "radixrt.cli", "bench", "vllm", "--vllm-python",
                               str(tmp_path / "absent")], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "--vllm-python" in missing.stderr
@@ -210,9 +222,7 @@ def test_embedding_workloads_have_the_documented_shapes():
 def test_embed_run_imports_nothing_of_radixrt():
     from radixrt.bench import embed_run, embed_vs_vllm
 
-    code = ("import runpy, sys; runpy.run_path(sys.argv[1]); "
-            "assert not [m for m in sys.modules if m.startswith('radixrt')], 'radixrt imported'")
-    subprocess.run([sys.executable, "-c", code, str(embed_vs_vllm.EMBED_RUN)], check=True)
+    _runs_by_path_without_radixrt(embed_vs_vllm.EMBED_RUN)
     assert embed_run.main(["nope"]) == 2
 
 

@@ -19,12 +19,11 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from radixrt.bench.vs_vllm import ids_exact, machine_line, parse_result, resolve_dtype, tokenizer_encoder, vllm_env
+from radixrt.bench.vs_vllm import ids_exact, machine_line, resolve_dtype, run_engine, tokenizer_encoder, vllm_env
 
 EMBED_RUN = Path(__file__).with_name("embed_run.py")
 INSTRUCTION = ("Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:")
@@ -45,21 +44,6 @@ def min_cosine(a: list[list[float]], b: list[list[float]]) -> float:
         return sum(p * q for p, q in zip(x, y)) / math.sqrt(sum(p * p for p in x) * sum(q * q for q in y))
 
     return min(cos(x, y) for x, y in zip(a, b))
-
-
-def run_engine(cmd: list[str], env: dict[str, str], timeout: float) -> dict | None:
-    """One engine run in a fresh subprocess: its RESULT_JSON, also where the engine crashed while shutting down
-    after printing it (vLLM 0.32's CPU build may: "terminate called without an active exception"); else None, with
-    the output's tail on stderr."""
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        output = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired:
-        output = f"timed out after {timeout:.0f}s"
-    result = parse_result(output)
-    if result is None:
-        print("\n".join(output.splitlines()[-30:]), file=sys.stderr)
-    return result
 
 
 def add_embed_parser(sub) -> None:
@@ -94,7 +78,9 @@ def run_embed_bench(args) -> int:
             for name in names:
                 for slot, cmd, env in slots:
                     print(f"[round {round_index}] {slot} {name} {dtype}", file=sys.stderr, flush=True)
-                    result = run_engine([*cmd, model, path, name, dtype], env, args.timeout)
+                    # vLLM 0.32's CPU build may abort shutting down ("terminate called without an active
+                    # exception") after printing its result, which stands
+                    result = run_engine([*cmd, model, path, name, dtype], env, args.timeout, result_despite_exit=True)
                     if result is None:
                         print(f"{slot} failed on {name}", file=sys.stderr)
                         return 1

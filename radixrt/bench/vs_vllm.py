@@ -203,15 +203,16 @@ def add_vllm_parser(sub) -> None:
     p.set_defaults(run=run_vs_vllm)
 
 
-def _run_engine(cmd: list[str], env: dict[str, str], timeout: float) -> dict | None:
-    """One engine run in a fresh subprocess; its result, or None (with the output's tail on stderr)."""
+def run_engine(cmd: list[str], env: dict[str, str], timeout: float, result_despite_exit: bool = False) -> dict | None:
+    """One engine run in a fresh subprocess; its result, or None (with the output's tail on stderr).
+    ``result_despite_exit``: a result printed before a non-zero exit counts (an engine that crashed shutting down)."""
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         output, failed = proc.stdout + proc.stderr, proc.returncode != 0
     except subprocess.TimeoutExpired as exc:  # its partial output may be bytes even with text=True
         parts = [p.decode(errors="replace") if isinstance(p, bytes) else p for p in (exc.stdout, exc.stderr) if p]
         output, failed = "".join(parts) + f"\ntimed out after {timeout:.0f}s", True
-    result = None if failed else parse_result(output)
+    result = None if failed and not result_despite_exit else parse_result(output)
     profile = [line for line in output.splitlines() if line.startswith("PROFILE_JSON")]
     if result is not None and profile:
         result["profile"] = json.loads(profile[-1].split(" ", 1)[1])
@@ -255,7 +256,7 @@ def run_vs_vllm(args) -> int:
                     print(f"[round {round_index}] {label} {name} {'cache' if cache else 'nocache'} {dtype}"
                           f"{' lora' if lora else ''}", file=sys.stderr, flush=True)
                     extra = (["--profile"] if args.profile else []) + (lora_flag if lora else [])
-                    result = _run_engine([*cmd, model, workload_path, name, "cache" if cache else "nocache", dtype,
+                    result = run_engine([*cmd, model, workload_path, name, "cache" if cache else "nocache", dtype,
                                           *extra], env, args.timeout)
                     if result is None:
                         print(f"{label} failed on workload {name}", file=sys.stderr)

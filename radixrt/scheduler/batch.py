@@ -6,8 +6,8 @@ budget, in admission order. The logits of a chunk's last token give the request'
 logprobs need the rows from their first position on. A decode with a speculative draft (``req.draft``,
 radixrt.scheduler.speculation) computes its last token and the draft, ``(req, 1 + len(draft))``, and needs
 every row. A batch that ends an embedding request's prompt keeps the hidden states of its logits rows too
-(``ForwardBatch.return_hidden``); an embedding pooled over every token needs every row of each of its chunks. A batch with LoRA requests is ordered by adapter, so each adapter's rows are
-one range (radixrt.model.lora_batch).
+(``ForwardBatch.return_hidden``); an embedding pooled over every token needs every row of each of its chunks. A
+batch with LoRA requests is ordered by adapter, so each adapter's rows are one range (radixrt.model.lora_batch).
 """
 
 from __future__ import annotations

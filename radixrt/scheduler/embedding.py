@@ -35,9 +35,10 @@ class EmbeddingPool:
             self._sum, self._count, self._first = None, 0, hidden[0].float()
         if self._first is None:
             raise RuntimeError("an every-token pooling was fed a chunk before the prompt's first token")
-        rows = hidden.float().sum(dim=0)
-        self._sum = rows if self._sum is None else self._sum + rows
-        self._count += hidden.shape[0]
+        if self.pooling.method == "mean":
+            rows = hidden.float().sum(dim=0)
+            self._sum = rows if self._sum is None else self._sum + rows
+            self._count += hidden.shape[0]
 
     def vector(self, last_hidden: torch.Tensor) -> list[float]:
         """The answer, given the final hidden state of the prompt's last token."""

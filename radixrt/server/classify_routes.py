@@ -16,12 +16,11 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from radixrt.protocol.request import GenerateInput
 from radixrt.server import openai_protocol as oai
 from radixrt.server.client_wait import gather
-from radixrt.server.embedding_routes import encode
+from radixrt.server.embedding_routes import encode, prepare_inputs, prompt_tokens
 from radixrt.server.http_common import decode_request, json_response, route
-from radixrt.server.openai_routes import prompt_ids, served_model
+from radixrt.server.openai_routes import served_model
 from radixrt.server.tokenizer_manager import TokenizerManager
 
 
@@ -46,8 +45,7 @@ async def classify(tm: TokenizerManager, request: Request) -> Response:
     req = decode_request(await request.body(), oai.ClassifyRequest)
     model, lora = served_model(tm, req.model)
     prompts = oai.check_classify(req)
-    call = GenerateInput(input_ids=await tm.off_loop(prompt_ids, tm, prompts), embed=True, lora_path=lora)
-    states = tm.submit(await tm.off_loop(tm.prepare, call))
+    states = tm.submit(await tm.off_loop(prepare_inputs, tm, prompts, lora))
     await gather(request, tm, states, stream=False)
     labels = tm.model_info["classifier_labels"]
     data = []
@@ -55,8 +53,8 @@ async def classify(tm: TokenizerManager, request: Request) -> Response:
         probs = probabilities(state.builder.embedding)
         best = max(range(len(probs)), key=probs.__getitem__)
         data.append({"index": i, "label": labels[best], "probs": probs, "num_classes": len(probs)})
-    prompt_tokens = sum(s.builder.meta.get("prompt_tokens", 0) for s in states)
+    tokens = prompt_tokens(states)
     return json_response({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                           "model": model, "data": data,
-                          "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens,
-                                    "completion_tokens": 0, "prompt_tokens_details": None}})
+                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                                    "prompt_tokens_details": None}})

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from radixrt.client import Handle
 from radixrt.protocol.request import GenerateInput, Prepared
 from radixrt.server import openai_protocol as oai
 from radixrt.server.client_wait import gather
@@ -37,21 +38,27 @@ async def embeddings(tm: TokenizerManager, request: Request) -> Response:
     req = decode_request(await request.body(), oai.EmbeddingRequest)
     model, lora = served_model(tm, req.model)
     prompts = oai.check_embedding(req)
-    prepared = await tm.off_loop(_prepare, tm, prompts, lora, req.dimensions)
+    prepared = await tm.off_loop(prepare_inputs, tm, prompts, lora, req.dimensions)
     states = tm.submit(prepared)
     await gather(request, tm, states, stream=False)
     data = [{"object": "embedding", "index": i, "embedding": encode_vector(s.builder.embedding, req.encoding_format)}
             for i, s in enumerate(states)]
-    prompt_tokens = sum(s.builder.meta.get("prompt_tokens", 0) for s in states)
+    tokens = prompt_tokens(states)
     return json_response({"object": "list", "data": data, "model": model,
-                          "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
+                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
-def _prepare(tm: TokenizerManager, prompts: list[str | list[int]], lora: str | None,
-             dimensions: int | None) -> Prepared:
-    """Each input a prefill-only request (through the LoRA adapter ``model`` names, if it names one)."""
+def prepare_inputs(tm: TokenizerManager, prompts: list[str | list[int]], lora: str | None,
+                   dimensions: int | None = None) -> Prepared:
+    """Each input a prefill-only request (through the LoRA adapter ``model`` names, if it names one). Blocking (it
+    tokenizes text): call it off the event loop."""
     return tm.prepare(GenerateInput(input_ids=prompt_ids(tm, prompts), embed=True, lora_path=lora,
                                     dimensions=dimensions))
+
+
+def prompt_tokens(states: list[Handle]) -> int:
+    """The prompt tokens of a call's requests (its usage)."""
+    return sum(s.builder.meta.get("prompt_tokens", 0) for s in states)
 
 
 async def encode(tm: TokenizerManager, request: Request) -> Response:

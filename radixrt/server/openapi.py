@@ -107,9 +107,9 @@ BOUNDS: dict[str, dict[str, Any]] = {
     "priority": {"minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
 }
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
-STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProfileBody, oai.CompletionRequest, oai.ChatCompletionRequest,
-           TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, EncodeBody, oai.ClassifyRequest, LoadLoraBody, UnloadLoraBody,
-           ErrorResponse]
+STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProfileBody, oai.CompletionRequest,
+           oai.ChatCompletionRequest, TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, EncodeBody, oai.ClassifyRequest,
+           LoadLoraBody, UnloadLoraBody, ErrorResponse]
 
 LORA_ANSWER = {"type": "object", "required": ["success", "loaded_adapters"], "properties": {
     "success": {"type": "boolean"}, "error_message": {"type": ["string", "null"]},
