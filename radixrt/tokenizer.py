@@ -63,6 +63,13 @@ def chat_template_info(tokenizer) -> dict[str, Any] | None:
     """
     if not tokenizer.chat_template:
         return None
+    try:
+        return _role_markers(tokenizer)
+    except Exception:  # a template that cannot render these turns (a reranker's, one refusing a system turn)
+        return None
+
+
+def _role_markers(tokenizer) -> dict[str, Any] | None:
     marks = {"system": "RADIXRT_SYSTEM_7f3", "user": "RADIXRT_USER_7f3", "assistant": "RADIXRT_ASSISTANT_7f3"}
 
     def render(messages: list[dict[str, str]]) -> str:
