@@ -99,16 +99,19 @@ def bounded_schema(doc: dict[str, Any], max_tokens: int = 4, max_items: int = 3,
     schemas = doc["components"]["schemas"]
     params = schemas["GenerateBody"]["properties"]["sampling_params"]
     params["anyOf"] = [b for b in params["anyOf"] if b.get("type") != "array"]
+    labels = schemas["GenerateBody"]["properties"]["token_ids_logprob"]  # one list of ids for every prompt
+    labels["anyOf"] = [labels["anyOf"][0], {"type": "null"}]
     if "best_of" in schemas["CompletionRequest"]["properties"]:
         schemas["CompletionRequest"]["properties"]["best_of"] = {"type": "null"}
     # ... one rid per request (of n samples of each prompt); tools whose parameters are JSON schemas of objects (which a schema of schemas
     # cannot pin down), and a tool_choice that names one of them
     for name in ("GenerateBody", "CompletionRequest", "ChatCompletionRequest", "EncodeBody"):
         schemas[name]["properties"]["rid"] = {"type": "null"}
-    # ... and one adapter or cache key per prompt: /encode's as one for all
+    # ... and one adapter or cache key per prompt: /encode's and /generate's as one for all
     for field in ("lora_path", "extra_key", "cache_salt"):
-        schemas["EncodeBody"]["properties"][field] = {"anyOf": [{"type": "string", "maxLength": max_string},
-                                                                {"type": "null"}]}
+        for body in ("EncodeBody", "GenerateBody"):
+            schemas[body]["properties"][field] = {"anyOf": [{"type": "string", "maxLength": max_string},
+                                                            {"type": "null"}]}
     schemas["ChatCompletionRequest"]["properties"]["tools"] = {"type": "null"}
     schemas["ChatCompletionRequest"]["properties"]["tool_choice"] = {"type": "null"}
     # ... a stream of one prompt with n = 1; one constraint at most, a regex that compiles, a JSON schema that parses,
