@@ -176,7 +176,8 @@ class SchedulerClient:
             self.check_capacity(len(messages))
             handles = []
             for i, msg in enumerate(messages):
-                handle = Handle(msg.rid, ResponseBuilder(msg.rid, prepared.return_logprob, msg.top_logprobs_num),
+                handle = Handle(msg.rid, ResponseBuilder(msg.rid, prepared.return_logprob, msg.top_logprobs_num,
+                                                         msg.token_ids_logprob is not None),
                                 waker, i)
                 if self.keep_prompts:
                     handle.prompt_ids = msg.input_ids

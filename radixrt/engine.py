@@ -52,6 +52,8 @@ from radixrt.protocol.messages import (
     UnloadLoraReq,
 )
 from radixrt.protocol.request import GenerateInput, Prepared
+from radixrt.rerank import RerankCall, ranked, reranker_of
+from radixrt.scoring import ScoreCall, label_scores, score_input
 from radixrt.server_args import ENGINE_SCHEDULERS, ServerArgs
 
 if TYPE_CHECKING:
@@ -254,10 +256,15 @@ class Engine:
         session_params: dict | None = None,
         rid: str | list[str] | None = None,
         lora_path: str | list[str | None] | None = None,
+        token_ids_logprob: list[int] | list[list[int] | None] | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
-        """SGLang's ``Engine.generate``; ``lora_path`` names a loaded LoRA adapter (or one per prompt)."""
+        """SGLang's ``Engine.generate``; ``lora_path`` names a loaded LoRA adapter (or one per prompt);
+        ``token_ids_logprob`` (with ``return_logprob``): these ids' logprobs at every returned position
+        (``meta_info["output_token_ids_logprobs"]``, and ``input_token_ids_logprobs`` from ``logprob_start_len``);
+        with ``max_new_tokens`` 0, at the position after the prompt."""
         req = GenerateInput.of_call(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                    top_logprobs_num, stream, priority, session_params, rid, lora_path)
+                                    top_logprobs_num, stream, priority, session_params, rid, lora_path,
+                                    token_ids_logprob)
         waker = ThreadWaker()
         prepared, handles = self._submit(req, waker)
         if stream:
@@ -278,6 +285,30 @@ class Engine:
         prepared, handles = self._submit(call, waker)
         results = self._wait(handles, waker)
         return results if prepared.batched else results[0]
+
+    def score(self, query: str | list[int], items: str | list[str] | list[list[int]], label_token_ids: list[int],
+              apply_softmax: bool = False, item_first: bool = False,
+              lora_path: str | None = None) -> list[list[float]]:
+        """SGLang's ``Engine.score``: for each item, the probabilities of ``label_token_ids`` as the next token after
+        the query then the item (``item_first``: the item then the query), in the labels' order; ``apply_softmax``
+        renormalizes them over the labels. Query and items are both text (joined, then tokenized) or both token
+        ids. Each item is a prompt-only request (radixrt.scoring); the query is a prefix the cache shares."""
+        call = ScoreCall(query, items, label_token_ids, apply_softmax, item_first, lora_path)
+        waker = ThreadWaker()
+        _, handles = self._submit(score_input(call), waker)
+        return [label_scores(r, label_token_ids, apply_softmax) for r in self._wait(handles, waker)]
+
+    def rerank(self, query: str, documents: list[str], instruct: str | None = None, top_n: int | None = None,
+               return_documents: bool = True, lora_path: str | None = None) -> list[dict[str, Any]]:
+        """SGLang's /v1/rerank as a call: every document's relevance to ``query`` in [0, 1] as ``{"score",
+        "document", "index", "meta_info"}``, best first, the first ``top_n``. The served model must rerank: a
+        cross-encoder (a one-label classifier) or a yes/no reranker with its template (radixrt.rerank)."""
+        call = RerankCall(query, documents, instruct, top_n, return_documents)
+        reranker = reranker_of(self.get_model_info(), self.tokenizer)
+        waker = ThreadWaker()
+        _, handles = self._submit(reranker.request(self.tokenizer, call, lora_path), waker)
+        results = self._wait(handles, waker)
+        return ranked(call, [reranker.score(r) for r in results], [r["meta_info"] for r in results])
 
     def _wait(self, handles: list[Handle], waker: ThreadWaker) -> list[dict]:
         """Every handle's result once all have finished (an interrupted wait aborts the unfinished ones)."""
@@ -323,9 +354,11 @@ class Engine:
         session_params: dict | None = None,
         rid: str | list[str] | None = None,
         lora_path: str | list[str | None] | None = None,
+        token_ids_logprob: list[int] | list[list[int] | None] | None = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         req = GenerateInput.of_call(prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-                                    top_logprobs_num, stream, priority, session_params, rid, lora_path)
+                                    top_logprobs_num, stream, priority, session_params, rid, lora_path,
+                                    token_ids_logprob)
         waker = LoopWaker()
         prepared, handles = self._submit(req, waker)
         if stream:

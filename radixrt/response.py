@@ -16,10 +16,12 @@ def _entries(items) -> list[list[Any]]:
 
 
 class ResponseBuilder:
-    def __init__(self, rid: str, return_logprob: bool = False, top_logprobs_num: int = 0) -> None:
+    def __init__(self, rid: str, return_logprob: bool = False, top_logprobs_num: int = 0,
+                 token_ids_logprob: bool = False) -> None:
         self.rid = rid
         self.return_logprob = return_logprob
         self.top_logprobs_num = top_logprobs_num
+        self.token_ids_logprob = return_logprob and token_ids_logprob
         self.text = ""
         self.output_ids: list[int] = []
         self.meta: dict[str, Any] = {"id": rid, "finish_reason": None, "prompt_tokens": 0, "completion_tokens": 0,
@@ -28,6 +30,8 @@ class ResponseBuilder:
             self.meta.update(input_token_logprobs=[], output_token_logprobs=[])
             if top_logprobs_num:
                 self.meta.update(input_top_logprobs=[], output_top_logprobs=[])
+            if self.token_ids_logprob:
+                self.meta.update(input_token_ids_logprobs=[], output_token_ids_logprobs=[])
         self.started = time.perf_counter()
         self.first_token_time: float | None = None
         self.finish_reason: FinishReason | None = None
@@ -55,9 +59,13 @@ class ResponseBuilder:
                 self.meta["input_token_logprobs"] = _entries(d.input_logprobs)
                 if self.top_logprobs_num:
                     self.meta["input_top_logprobs"] = [_entries(t) for t in (d.input_top_logprobs or [])]
+                if self.token_ids_logprob:
+                    self.meta["input_token_ids_logprobs"] = [_entries(t) for t in (d.input_token_ids_logprobs or [])]
             self.meta["output_token_logprobs"].extend(_entries(d.output_logprobs or []))
             if self.top_logprobs_num:
                 self.meta["output_top_logprobs"].extend(_entries(t) for t in (d.output_top_logprobs or []))
+            if self.token_ids_logprob:
+                self.meta["output_token_ids_logprobs"].extend(_entries(t) for t in (d.output_token_ids_logprobs or []))
         if d.embedding is not None:
             self.embedding = d.embedding
         if d.finish_reason is not None:

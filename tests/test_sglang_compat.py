@@ -123,7 +123,7 @@ def test_generate_ignores_fields_that_do_not_change_the_result(http, server, ref
 @pytest.mark.parametrize("field,value", [
     ("image_data", "https://example.com/cat.png"), ("input_embeds", [[0.1, 0.2]]), ("lora_id", "adapter-id"),
     ("custom_logit_processor", "{}"), ("return_hidden_states", True), ("bootstrap_host", "10.0.0.1"),
-    ("token_ids_logprob", [1, 2]), ("return_entropy", True),
+    ("return_sampling_mask", True), ("return_entropy", True),
     ("routed_experts_start_len", 2), ("return_bytes", True),
 ])
 def test_generate_refuses_what_radixrt_cannot_do(http, field, value):

@@ -85,7 +85,8 @@ def test_stop_strings_stop_tokens_and_logprobs(engines, prompts):
     stop_at = engines[0].tokenizer.encode("Northwind", add_special_tokens=False)[0]
     params = [{"max_new_tokens": 40, "temperature": 0, "stop": ["Portsmouth"]},
               {"max_new_tokens": 40, "temperature": 0, "stop_token_ids": [stop_at]}]
-    plain, spec = both(engines, prompts[:2], params, return_logprob=True, top_logprobs_num=2)
+    plain, spec = both(engines, prompts[:2], params, return_logprob=True, top_logprobs_num=2,
+                       token_ids_logprob=[stop_at, 11])
     assert ids(spec) == ids(plain)
     for a, b in zip(plain, spec):
         assert a["text"] == b["text"] and a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
@@ -93,6 +94,9 @@ def test_stop_strings_stop_tokens_and_logprobs(engines, prompts):
         assert [t for _, t, _ in got] == [t for _, t, _ in want]
         assert all(abs(x - y) < 1e-3 for (x, _, _), (y, _, _) in zip(got, want))
         assert len(b["meta_info"]["output_top_logprobs"]) == len(got)
+        got, want = b["meta_info"]["output_token_ids_logprobs"], a["meta_info"]["output_token_ids_logprobs"]
+        assert len(got) == len(want) == len(b["output_ids"])  # one row per token, the verified ones too
+        assert all(abs(x[0] - y[0]) < 1e-3 for g, w in zip(got, want) for x, y in zip(g, w))
     assert plain[0]["meta_info"]["finish_reason"]["type"] == "stop"
 
 

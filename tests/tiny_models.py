@@ -245,13 +245,15 @@ def save_embedding_model(family: str, folder: Path, pooling: str = "last", norma
     return base
 
 
-def save_classifier_model(family: str, folder: Path, labels: list[str], seed: int = 0):
+def save_classifier_model(family: str, folder: Path, labels: list[str], seed: int = 0, **config_fields):
     """A tiny ``*ForSequenceClassification`` checkpoint of ``family`` (a reward model with one label), its labels
-    named in the config; returns transformers' model (fp32, eval)."""
+    named in the config (``config_fields`` too: a ``vocab_size``...); returns transformers' model (fp32, eval)."""
     from transformers import AutoModelForSequenceClassification
 
     torch.manual_seed(seed)
     config = tiny_config(family)
+    for name, value in config_fields.items():
+        setattr(config, name, value)
     config.num_labels = len(labels)
     config.id2label = dict(enumerate(labels))
     config.label2id = {label: i for i, label in enumerate(labels)}

@@ -36,6 +36,7 @@ class GenerateReq(msgspec.Struct, tag=True):
     return_logprob: bool = False
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
+    token_ids_logprob: list[int] | None = None  # SGLang's: the logprobs of these ids at every position returned
     stream: bool = False
     grammar: tuple[str, str] | None = None  # (kind, spec) of a constrained request
     priority: int | None = None  # SGLang's request priority (None: the default)
@@ -117,6 +118,8 @@ class ReqDelta(msgspec.Struct):
     output_top_logprobs: list[LogprobList] | None = None
     input_logprobs: LogprobList | None = None  # sent once, with the first delta
     input_top_logprobs: list[LogprobList] | None = None
+    output_token_ids_logprobs: list[LogprobList] | None = None  # per position, the requested ids' logprobs
+    input_token_ids_logprobs: list[LogprobList] | None = None  # sent once, with the first delta
     # Sent with a request's first delta, so a detokenizer that never saw the request can render it.
     stop: list[str] | None = None
     stop_regex: list[str] | None = None

@@ -52,16 +52,18 @@ class GenerateInput:
     lora_path: Any = None  # a loaded LoRA adapter's name, or one (or None) per prompt
     extra_key: Any = None  # SGLang's cache isolation key, or one per prompt
     cache_salt: Any = None  # vLLM's, the same way
+    token_ids_logprob: Any = None  # SGLang's: token ids whose logprobs each position reports, or a list per prompt
 
     @classmethod
     def of_call(cls, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
                 return_logprob: Any = False, logprob_start_len: Any = None, top_logprobs_num: Any = None,
                 stream: bool = False, priority: Any = None, session_params: Any = None,
-                rid: Any = None, lora_path: Any = None) -> "GenerateInput":
+                rid: Any = None, lora_path: Any = None, token_ids_logprob: Any = None) -> "GenerateInput":
         """From the arguments of SGLang's ``Engine.generate`` (positionally, in its order)."""
         return cls(text=prompt, input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob,
                    logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, stream=stream,
-                   priority=priority, session_params=session_params, rid=rid, lora_path=lora_path)
+                   priority=priority, session_params=session_params, rid=rid, lora_path=lora_path,
+                   token_ids_logprob=token_ids_logprob)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Prepared:
     lora_paths: list[str | None] | None = None  # per prompt
     cache_keys: list[str | None] | None = None  # per prompt: extra_key and cache_salt together
     dimensions: int | None = None  # an embedding call's length
+    token_ids_logprob: list[list[int] | None] | None = None  # per prompt
 
     @property
     def num_sequences(self) -> int:
@@ -151,6 +154,18 @@ def cache_keys_from(extra_key: Any, cache_salt: Any, count: int) -> list[str | N
     return [None if e is None and s is None else f"{e or ''}\x00{s or ''}" for e, s in zip(extra, salt)]
 
 
+def token_ids_logprob_from(value: Any, count: int) -> list[list[int] | None] | None:
+    """SGLang's ``token_ids_logprob``: one list of ids for every prompt, or one list (or null) per prompt of a
+    batch; each list is checked with the request (``validate_request``)."""
+    if value is None:
+        return None
+    if isinstance(value, list) and value and all(v is None or isinstance(v, list) for v in value):
+        if len(value) != count:
+            raise RequestError(f"token_ids_logprob has {len(value)} lists for {count} prompts")
+        return [None if v is None else list(v) for v in value]
+    return [value] * count
+
+
 def rids_from(value: Any) -> list[str] | None:
     if value is None:
         return None
@@ -174,7 +189,8 @@ def _check_embedding_call(req: GenerateInput) -> None:
     """An embedding call asks for a vector: nothing about sampling, logprobs, streams or sessions."""
     if req.sampling_params not in (None, {}):
         raise RequestError("an embedding request takes no sampling_params")
-    if req.return_logprob or req.top_logprobs_num or req.logprob_start_len not in (None, -1):
+    if req.return_logprob or req.top_logprobs_num or req.logprob_start_len not in (None, -1) \
+            or req.token_ids_logprob is not None:
         raise RequestError("an embedding request returns no logprobs")
     if req.stream:
         raise RequestError("an embedding request cannot be streamed")
@@ -222,7 +238,8 @@ def prepare(req: GenerateInput, *, encode: Callable[[str], list[int]], limits: M
         params = [EMBEDDING_PARAMS] * count
     prepared = Prepared([], params, batched, req.return_logprob, req.logprob_start_len, req.top_logprobs_num,
                         priority, session, bool(req.stream), rids, req.embed, lora_paths_from(req.lora_path, count),
-                        cache_keys_from(req.extra_key, req.cache_salt, count), req.dimensions)
+                        cache_keys_from(req.extra_key, req.cache_salt, count), req.dimensions,
+                        token_ids_logprob_from(req.token_ids_logprob, count))
     if req.stream and (batched or prepared.num_sequences != 1):
         raise RequestError("stream=True takes one prompt with n=1")
     if rids is not None and len(rids) != prepared.num_sequences:
@@ -230,9 +247,11 @@ def prepare(req: GenerateInput, *, encode: Callable[[str], list[int]], limits: M
     if rids is not None and len(set(rids)) != len(rids):
         raise RequestError("rid must be unique among the requests in flight")
     prepared.ids = [encode(t) for t in texts] if texts is not None else ids
-    for one_ids, one_params in zip(prepared.ids, params):
+    label_ids = prepared.token_ids_logprob or [None] * count
+    for one_ids, one_params, one_labels in zip(prepared.ids, params, label_ids):
         validate_request(one_ids, one_params, limits, return_logprob=req.return_logprob,
-                         logprob_start_len=req.logprob_start_len, top_logprobs_num=req.top_logprobs_num)
+                         logprob_start_len=req.logprob_start_len, top_logprobs_num=req.top_logprobs_num,
+                         token_ids_logprob=one_labels)
     return prepared
 
 
@@ -241,7 +260,8 @@ def expand(prepared: Prepared, new_rid: Callable[[], str]) -> list[GenerateReq]:
     messages: list[GenerateReq] = []
     loras = prepared.lora_paths or [None] * len(prepared.ids)
     keys = prepared.cache_keys or [None] * len(prepared.ids)
-    for one_ids, p, lora, key in zip(prepared.ids, prepared.params, loras, keys):
+    label_ids = prepared.token_ids_logprob or [None] * len(prepared.ids)
+    for one_ids, p, lora, key, labels in zip(prepared.ids, prepared.params, loras, keys, label_ids):
         for i in range(p.n):
             q = p
             if p.n > 1:
@@ -254,6 +274,7 @@ def expand(prepared: Prepared, new_rid: Callable[[], str]) -> list[GenerateReq]:
                 return_logprob=prepared.return_logprob,
                 logprob_start_len=-1 if prepared.logprob_start_len is None else prepared.logprob_start_len,
                 top_logprobs_num=prepared.top_logprobs_num or 0,
+                token_ids_logprob=labels,
                 stream=prepared.stream,
                 grammar=grammar_of(q),
                 priority=prepared.priority,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 from radixrt.protocol.errors import RequestError
 from radixrt.protocol.limits import ModelLimits
@@ -55,7 +56,7 @@ def grammar_of(params: SamplingParams) -> tuple[str, str] | None:
 
 def validate_request(input_ids: list[int], params: SamplingParams, limits: ModelLimits, *,
                      return_logprob: bool = False, logprob_start_len: int | None = -1,
-                     top_logprobs_num: int | None = 0) -> None:
+                     top_logprobs_num: int | None = 0, token_ids_logprob: list[int] | None = None) -> None:
     """Raise RequestError naming the first problem of a request that can never be served."""
     if not isinstance(input_ids, list) or not input_ids:
         raise RequestError("the prompt is empty")
@@ -72,6 +73,8 @@ def validate_request(input_ids: list[int], params: SamplingParams, limits: Model
     if params.seed is not None and not 0 <= params.seed <= MAX_SEED:
         raise RequestError(f"seed must be in [0, {MAX_SEED}]")
     _validate_logprob_options(return_logprob, logprob_start_len, top_logprobs_num, vocab_size)
+    if token_ids_logprob is not None:
+        validate_token_ids_logprob(token_ids_logprob, return_logprob, vocab_size)
     total = len(input_ids) + params.max_new_tokens
     if total > limits.context_length:
         raise RequestError(
@@ -89,6 +92,25 @@ def validate_request(input_ids: list[int], params: SamplingParams, limits: Model
             validate_grammar(*grammar)
         except ValueError as exc:
             raise RequestError(f"invalid grammar: {exc}") from None
+
+
+MAX_TOKEN_IDS_LOGPROB = 1024
+
+
+def validate_token_ids_logprob(ids: Any, return_logprob: bool, vocab_size: int) -> None:
+    """SGLang's ``token_ids_logprob``: distinct ids in the vocabulary whose logprobs every returned position
+    reports, so it needs ``return_logprob``."""
+    if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
+        raise RequestError("token_ids_logprob must be a non-empty list of token ids (or one such list per prompt)")
+    if len(ids) > MAX_TOKEN_IDS_LOGPROB:
+        raise RequestError(f"token_ids_logprob takes at most {MAX_TOKEN_IDS_LOGPROB} ids")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"token_ids_logprob {bad[:5]} are outside the vocabulary (size {vocab_size})")
+    if len(set(ids)) != len(ids):
+        raise RequestError("token_ids_logprob lists a token id twice")
+    if not return_logprob:
+        raise RequestError("token_ids_logprob needs return_logprob=true")
 
 
 def _validate_logprob_options(return_logprob: bool, logprob_start_len: int | None, top_logprobs_num: int | None,

@@ -85,6 +85,12 @@ def ban_tokens(logits: torch.Tensor, banned: list[list[int]]) -> torch.Tensor:
     return logits
 
 
+def ids_logprobs(logprobs: torch.Tensor, ids: list[int]) -> list[list[tuple[float, int]]]:
+    """Each row's log-probabilities of ``ids`` (SGLang's ``token_ids_logprob``), as (logprob, id) in their order."""
+    values = logprobs[:, torch.tensor(ids, device=logprobs.device)].tolist()
+    return [list(zip(row, ids)) for row in values]
+
+
 def token_logprobs(
     logprobs: torch.Tensor, tokens: torch.Tensor, top_k: int
 ) -> tuple[list[float], list[list[tuple[float, int]]] | None]:

@@ -83,6 +83,7 @@ class Admission:
         if not req.input_logprobs_sent:  # its prompt is computed again from the first logprob position on
             req.input_logprobs.clear()
             req.input_top_logprobs.clear()
+            req.input_token_ids_logprobs.clear()
         req.num_retractions += 1
         if reason == "preempted":
             self.num_preemptions += 1

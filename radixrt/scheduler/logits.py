@@ -4,7 +4,8 @@ logprobs.
 ``next_tokens`` samples a batch of requests at once (a constrained request closes its match when its budget
 runs out: ``close_within_budget``) and appends output logprobs to each request's pending ones; it never writes
 into the logits it is given (it processes a copy where a request needs processing), so they may be views;
-``collect_prompt_logprobs`` reads the prompt logprob rows of one prefill chunk. Neither finishes a request:
+``collect_prompt_logprobs`` reads the prompt logprob rows of one prefill chunk; ``next_token_ids_logprobs`` a
+prompt-only request's requested ids after its prompt. Neither finishes a request:
 an error propagates to the caller, which decides whom it fails.
 """
 
@@ -19,6 +20,7 @@ from radixrt.sampling.logits_processor import (
     apply_logit_bias,
     apply_penalties,
     ban_tokens,
+    ids_logprobs,
     penalised,
     token_logprobs,
 )
@@ -62,6 +64,8 @@ def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_
             reqs[i].pending_output_logprobs.append((chosen[j], token_ids[i]))
             if reqs[i].top_logprobs_num:
                 reqs[i].pending_output_top.append(top[j][: reqs[i].top_logprobs_num])
+            if reqs[i].token_ids_logprob:
+                reqs[i].pending_output_token_ids.extend(ids_logprobs(logprobs[j : j + 1], reqs[i].token_ids_logprob))
     return token_ids
 
 
@@ -96,6 +100,8 @@ def collect_prompt_logprobs(req: Req, start: int, n: int, rows: torch.Tensor) ->
         req.input_logprobs.append((None, req.prompt_ids[0]))
         if req.top_logprobs_num:
             req.input_top_logprobs.append([])
+        if req.token_ids_logprob:
+            req.input_token_ids_logprobs.append([])
     positions = [first_row_position + i for i in range(rows.shape[0])]
     keep = [i for i, q in enumerate(positions)
             if max(req.logprob_start_len - 1, 0) <= q < prompt_len - 1 and q + 1 >= req.logprob_start_len]
@@ -107,3 +113,12 @@ def collect_prompt_logprobs(req: Req, start: int, n: int, rows: torch.Tensor) ->
     req.input_logprobs.extend(zip(chosen, targets.tolist()))
     if top is not None:
         req.input_top_logprobs.extend(top)
+    if req.token_ids_logprob:
+        req.input_token_ids_logprobs.extend(ids_logprobs(logprobs, req.token_ids_logprob))
+
+
+def next_token_ids_logprobs(req: Req, last_row: torch.Tensor) -> None:
+    """A prompt-only request's ``token_ids_logprob`` at the position after its prompt (what SGLang's scoring reads:
+    the next token's distribution, nothing sampled)."""
+    logprobs = torch.log_softmax(last_row[None].float(), dim=-1)
+    req.pending_output_token_ids.extend(ids_logprobs(logprobs, req.token_ids_logprob))

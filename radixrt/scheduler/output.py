@@ -29,7 +29,7 @@ import torch
 
 from radixrt.detokenize import TextStream
 from radixrt.protocol.messages import BatchTokenOut, FinishReason, ReqDelta
-from radixrt.scheduler.logits import collect_prompt_logprobs, next_tokens
+from radixrt.scheduler.logits import collect_prompt_logprobs, next_token_ids_logprobs, next_tokens
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.request import Req
 
@@ -110,6 +110,8 @@ class OutputProcessor:
         if req.params.max_new_tokens == 0:  # prompt only: logprobs, prefilling a shared prefix, or an embedding
             if req.pooling is not None:
                 req.embedding = req.pooling.vector(hidden[-1])
+            if req.token_ids_logprob:
+                next_token_ids_logprobs(req, rows[-1])
             req.finish_reason = FinishReason.length()
             return False
         return True
@@ -172,6 +174,7 @@ class OutputProcessor:
             if req.return_logprob:
                 req.pending_output_logprobs.extend(rows[j].pending_output_logprobs)
                 req.pending_output_top.extend(rows[j].pending_output_top)
+                req.pending_output_token_ids.extend(rows[j].pending_output_token_ids)
             taken += 1
             self.take_token(req, tokens[j])
             if req.finished or self.jump_forwards != jump_forwards:  # done, or the grammar rewrote the tail
@@ -277,9 +280,13 @@ class OutputProcessor:
                 delta.output_logprobs, req.pending_output_logprobs = req.pending_output_logprobs, []
                 if req.top_logprobs_num:
                     delta.output_top_logprobs, req.pending_output_top = req.pending_output_top, []
+                if req.token_ids_logprob:
+                    delta.output_token_ids_logprobs, req.pending_output_token_ids = req.pending_output_token_ids, []
                 if not req.input_logprobs_sent and req.wants_prompt_logprobs:
                     delta.input_logprobs = list(req.input_logprobs)  # a copy: the request lives on
                     delta.input_top_logprobs = list(req.input_top_logprobs) if req.top_logprobs_num else None
+                    if req.token_ids_logprob:
+                        delta.input_token_ids_logprobs = list(req.input_token_ids_logprobs)
             req.input_logprobs_sent = True
             req.num_sent = end
             deltas.append(delta)

@@ -33,6 +33,7 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: list[int] | None = None
     output_ids: list[int] = field(default_factory=list)
     # Page table: pages[:num_tree_pages] belong to the radix tree (protected by locking `node`); the rest are
     # private to this request, one reference each. Only radixrt.scheduler.memory changes them.
@@ -52,6 +53,8 @@ class Req:
     input_top_logprobs: list[list[tuple[float | None, int]]] = field(default_factory=list)
     pending_output_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     pending_output_top: list[list[tuple[float | None, int]]] = field(default_factory=list)
+    input_token_ids_logprobs: list[list[tuple[float | None, int]]] = field(default_factory=list)
+    pending_output_token_ids: list[list[tuple[float | None, int]]] = field(default_factory=list)
     num_sent: int = 0  # output ids already reported
     input_logprobs_sent: bool = False
     num_retractions: int = 0
@@ -88,6 +91,7 @@ class Req:
             return_logprob=msg.return_logprob,
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
+            token_ids_logprob=msg.token_ids_logprob,
             grammar_spec=msg.grammar,
             priority=msg.priority if msg.priority is not None else 0,
             embed=msg.embed,

@@ -164,7 +164,8 @@ class Scheduler:
         """Raise RequestError for a request that can never be served. Safe to call from any thread."""
         validate_kind(msg.embed, msg.dimensions, self.limits)
         validate_request(msg.input_ids, msg.params, self.limits, return_logprob=msg.return_logprob,
-                         logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num)
+                         logprob_start_len=msg.logprob_start_len, top_logprobs_num=msg.top_logprobs_num,
+                         token_ids_logprob=msg.token_ids_logprob)
 
     def submit(self, msg: GenerateReq | AbortReq | ControlReq) -> None:
         """Thread-safe: messages are taken in at the start of the next step."""

@@ -161,8 +161,10 @@ class DraftRow:
     top_logprobs_num: int
     generator: torch.Generator | None
     grammar: GrammarMatcher | None
+    token_ids_logprob: list[int] | None = None
     pending_output_logprobs: list = field(default_factory=list)
     pending_output_top: list = field(default_factory=list)
+    pending_output_token_ids: list = field(default_factory=list)
 
 
 def best_length(rate: float, cap: int, token_cost: float) -> int:
@@ -337,7 +339,8 @@ class Speculator:
         draft = req.draft
         matchers = req.draft_matchers
         return [DraftRow(req.params, req.prompt_ids, req.output_ids + draft[:i], req.return_logprob,
-                         req.top_logprobs_num, req.generator, matchers[i] if matchers is not None else None)
+                         req.top_logprobs_num, req.generator, matchers[i] if matchers is not None else None,
+                         req.token_ids_logprob)
                 for i in range(len(draft) + 1)]
 
     def verified(self, req: Req, agreed: int, taken: int) -> None:

@@ -25,6 +25,7 @@ from fastapi import FastAPI
 
 from radixrt.server.classify_routes import add_classify_routes
 from radixrt.server.embedding_routes import add_embedding_routes
+from radixrt.server.score_routes import add_score_routes
 from radixrt.server.lora_routes import add_lora_routes
 from radixrt.server.native_routes import add_native_routes
 from radixrt.server.openai_routes import add_openai_routes
@@ -42,5 +43,6 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
     add_openai_routes(app, tm)
     add_embedding_routes(app, tm)
     add_classify_routes(app, tm)
+    add_score_routes(app, tm)
     add_tokenize_routes(app, tm)
     return app

@@ -30,6 +30,14 @@ InputIds = Annotated[list | None, msgspec.Meta(
                                  {"type": "null"}]},
 )]
 
+TokenIdsLogprob = Annotated[list | None, msgspec.Meta(
+    description="token ids whose logprobs every returned position reports (needs return_logprob), "
+                "or one such list (or null) per prompt",
+    extra_json_schema={"anyOf": [TOKEN_IDS_SCHEMA, {"type": "array", "items": {"anyOf": [TOKEN_IDS_SCHEMA,
+                                                                                          {"type": "null"}]},
+                                                    "minItems": 1}, {"type": "null"}]},
+)]
+
 
 class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
     """The fields of /generate that radixrt serves."""
@@ -41,6 +49,7 @@ class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
     return_logprob: bool = False
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
+    token_ids_logprob: TokenIdsLogprob = None
     return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
     priority: int | None = None
@@ -59,7 +68,8 @@ class GenerateCore(msgspec.Struct, forbid_unknown_fields=True):
                              return_logprob=self.return_logprob, logprob_start_len=self.logprob_start_len,
                              top_logprobs_num=self.top_logprobs_num, stream=self.stream, priority=self.priority,
                              session_params=self.session_params, rid=self.rid, lora_path=self.lora_path,
-                             extra_key=self.extra_key, cache_salt=self.cache_salt)
+                             extra_key=self.extra_key, cache_salt=self.cache_salt,
+                             token_ids_logprob=self.token_ids_logprob)
 
 
 GenerateBody = msgspec.defstruct("GenerateBody", struct_fields(GENERATE), bases=(GenerateCore,),

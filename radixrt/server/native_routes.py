@@ -91,7 +91,8 @@ def _result(tm: TokenizerManager, state: Handle, with_text: bool) -> dict[str, A
         for key in ("input_token_logprobs", "output_token_logprobs"):
             if key in meta:
                 meta[key] = [[lp, t, tm.token_text(t)] for lp, t, _ in meta[key]]
-        for key in ("input_top_logprobs", "output_top_logprobs"):
+        for key in ("input_top_logprobs", "output_top_logprobs", "input_token_ids_logprobs",
+                    "output_token_ids_logprobs"):
             if key in meta:
                 meta[key] = [[[lp, t, tm.token_text(t)] for lp, t, _ in row] for row in meta[key]]
     return out

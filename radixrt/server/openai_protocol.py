@@ -122,6 +122,29 @@ class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     user: str | None = None
 
 
+class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """SGLang's /v1/score: the probabilities of ``label_token_ids`` after the query and each item
+    (radixrt.scoring)."""
+
+    query: str | list[int]
+    items: str | list[Any]
+    label_token_ids: list[int]
+    apply_softmax: bool = False
+    item_first: bool = False
+    model: str | None = None
+
+
+class RerankRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """SGLang's /v1/rerank, and vLLM's (Cohere's) /rerank and /v2/rerank (radixrt.rerank)."""
+
+    query: str
+    documents: list[str]
+    instruct: str | None = None
+    top_n: int | None = None
+    return_documents: bool = True
+    model: str | None = None
+
+
 def check_classify(req: ClassifyRequest) -> list[str | list[int]]:
     """The inputs of a classify call, as prompts (text or token ids)."""
     prompts = completion_prompts(req.input)

@@ -19,6 +19,9 @@ import msgspec
 
 from radixrt.protocol.messages import SessionParams
 from radixrt.protocol.request import MAX_PRIORITY
+from radixrt.protocol.validation import MAX_TOKEN_IDS_LOGPROB
+from radixrt.rerank import MAX_RERANK_DOCUMENTS
+from radixrt.scoring import MAX_SCORE_ITEMS
 from radixrt.sampling.params import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES
 from radixrt.sampling.stop_regex import MAX_PATTERN_CHARS
 from radixrt.server import openai_protocol as oai
@@ -57,18 +60,21 @@ class ApiLimits:
     embedding_size: int = 0  # the model's (ModelLimits): the lengths an embedding's ``dimensions`` may take
     matryoshka: tuple[int, ...] | None = None
     classifier: bool = False  # the model is a classifier: /classify and /v1/classify are served
+    generates: bool = True  # /v1/score is served
+    reranks: bool = False  # /v1/rerank, /rerank and /v2/rerank are served
 
     @classmethod
     def of_server(cls, context_length: int, vocab_size: int, client_limits: Any = None,
                   model_names: tuple[str, ...] = (), max_messages: int | None = None,
-                  model_limits: Any = None, classifier: bool = False) -> "ApiLimits":
+                  model_limits: Any = None, classifier: bool = False, reranks: bool = False) -> "ApiLimits":
         """``client_limits``: the server's per-request caps (radixrt.protocol.limits.ClientLimits), when it has them;
         ``model_limits``: the model's (radixrt.protocol.limits.ModelLimits)."""
         caps = {name: getattr(client_limits, name, None)
                 for name in ("max_n", "max_prompt_chars", "max_stop_strings", "max_stop_string_chars")}
         return cls(context_length=context_length, vocab_size=vocab_size, model_names=tuple(sorted(model_names)),
                    max_messages=max_messages, embedding_size=getattr(model_limits, "embedding_size", 0),
-                   matryoshka=getattr(model_limits, "matryoshka", None), classifier=classifier, **caps)
+                   matryoshka=getattr(model_limits, "matryoshka", None), classifier=classifier,
+                   generates=getattr(model_limits, "generates", True), reranks=reranks, **caps)
 
     def dimensions_schema(self) -> dict[str, Any]:
         """The ``dimensions`` an embedding request may ask for: null unless the model is a Matryoshka model."""
@@ -109,7 +115,7 @@ BOUNDS: dict[str, dict[str, Any]] = {
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
 STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProfileBody, oai.CompletionRequest,
            oai.ChatCompletionRequest, TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, EncodeBody, oai.ClassifyRequest,
-           LoadLoraBody, UnloadLoraBody, ErrorResponse]
+           oai.ScoreRequest, oai.RerankRequest, LoadLoraBody, UnloadLoraBody, ErrorResponse]
 
 LORA_ANSWER = {"type": "object", "required": ["success", "loaded_adapters"], "properties": {
     "success": {"type": "boolean"}, "error_message": {"type": ["string", "null"]},
@@ -218,6 +224,13 @@ def _apply_limits(components: dict[str, dict[str, Any]], limits: ApiLimits) -> N
         branch.update({"items": prompt_text, "minItems": 1})
     ids = _token_ids(limits.vocab_size)
     generate["input_ids"]["anyOf"] = [ids, {"type": "array", "items": ids, "minItems": 1}, {"type": "null"}]
+    labels = {**ids, "maxItems": MAX_TOKEN_IDS_LOGPROB, "uniqueItems": True}
+    generate["token_ids_logprob"]["anyOf"] = [
+        labels, {"type": "array", "items": {"anyOf": [labels, {"type": "null"}]}, "minItems": 1}, {"type": "null"}]
+    # token_ids_logprob asks for logprobs: absent or null, or return_logprob true
+    components["GenerateBody"]["allOf"] = [{"anyOf": [
+        {"properties": {"token_ids_logprob": {"type": "null"}}},
+        {"required": ["return_logprob"], "properties": {"return_logprob": {"const": True}}}]}]
     # exactly one of text and input_ids (the other absent or null)
     components["GenerateBody"]["oneOf"] = [
         {"required": [one], "properties": {one: {"not": {"type": "null"}}, other: {"type": "null"}}}
@@ -283,6 +296,7 @@ def _apply_utility_limits(components: dict[str, dict[str, Any]], limits: ApiLimi
     ]}
     embedding["dimensions"] = limits.dimensions_schema()
     components["ClassifyRequest"]["properties"]["input"] = embedding["input"]
+    _score_and_rerank_limits(components, ids, prompt_text)
     encode = components["EncodeBody"]
     encode["properties"]["text"] = {"anyOf": [prompt_text, {"type": "array", "items": prompt_text, "minItems": 1},
                                               {"type": "null"}]}
@@ -327,6 +341,27 @@ def _responses(ok: dict[str, Any], *errors: int) -> dict[str, Any]:
                                           409: "a session id or LoRA adapter name in use, or an adapter in use",
                                           503: "overloaded or the runtime is down"}[code], **error}
     return out
+
+
+def _score_and_rerank_limits(components: dict[str, Any], ids: dict[str, Any], text: dict[str, Any]) -> None:
+    """/v1/score: query and items both text or both token ids, the query not empty; /v1/rerank: a query and
+    documents."""
+    score = components["ScoreRequest"]
+    score["properties"]["label_token_ids"] = {**ids, "maxItems": MAX_TOKEN_IDS_LOGPROB}
+    many = {"minItems": 1, "maxItems": MAX_SCORE_ITEMS}
+    item_text = {k: v for k, v in text.items() if k != "minLength"}  # an item may be empty, the query not
+    item_ids = {k: v for k, v in ids.items() if k != "minItems"}
+    score["properties"]["query"] = {"anyOf": [text, ids]}
+    score["properties"]["items"] = {"anyOf": [item_text, {"type": "array", "items": item_text, **many},
+                                              {"type": "array", "items": item_ids, **many}]}
+    score["oneOf"] = [
+        {"properties": {"query": {"type": "string"}, "items": {"anyOf": [{"type": "string"},
+                                                                         {"type": "array", "items": item_text}]}}},
+        {"properties": {"query": {"type": "array"}, "items": {"type": "array", "items": item_ids}}}]
+    rerank = components["RerankRequest"]["properties"]
+    rerank["query"] = text
+    rerank["documents"] = {"type": "array", "items": text, "minItems": 1, "maxItems": MAX_RERANK_DOCUMENTS}
+    _constrain(rerank["top_n"], {"minimum": 0})
 
 
 def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
@@ -400,6 +435,15 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         paths[f"{prefix}/tokenize"] = {"post": post("token ids of a prompt, prompts or chat messages",
                                                     "TokenizeBody", json_ok, 400, 404)}
         paths[f"{prefix}/detokenize"] = {"post": post("the text of token ids", "DetokenizeBody", json_ok, 400, 404)}
+    if limits.generates:
+        paths["/v1/score"] = {"post": post("the probabilities of label tokens after a query and each item (SGLang's "
+                                           "scoring API)", "ScoreRequest", json_ok, 400, 404, 503)}
+    if limits.reranks:
+        paths["/v1/rerank"] = {"post": post("documents ranked by relevance to a query (SGLang's rerank API)",
+                                            "RerankRequest", json_ok, 400, 404, 503)}
+        for path in ("/rerank", "/v2/rerank"):
+            paths[path] = {"post": post("documents ranked by relevance to a query (vLLM's and Cohere's rerank API)",
+                                        "RerankRequest", json_ok, 400, 404, 503)}
     if limits.classifier:
         paths["/classify"] = {m: post("a classifier's scores at each prompt's last token (SGLang's native API)",
                                       "EncodeBody", json_ok, 400, 404, 503) for m in ("post", "put")}

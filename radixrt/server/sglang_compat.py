@@ -72,7 +72,6 @@ GENERATE: dict[str, Rule] = {
     "need_wait_for_mm_inputs": MULTIMODAL,
     "num_items_assigned": MULTIMODAL,
     "encoder_urls": MULTIMODAL,
-    "token_ids_logprob": Unsupported("logprobs of chosen token ids"),
     "return_sampling_mask": Unsupported("returning the sampling mask"),
     "return_flat_raw_top_logprobs": Unsupported("flat top-logprob arrays"),
     "return_flat_raw_top_logprobs_b64": Unsupported("flat top-logprob arrays"),
