@@ -138,8 +138,8 @@ def test_next_tokens_never_writes_into_the_logits_it_is_given(processing):
 
     params = SamplingParams(max_new_tokens=8, temperature=0.0, **processing)
     reqs = [SimpleNamespace(params=params, prompt_ids=[1, 2], output_ids=[2], grammar=None, generator=None,
-                            return_logprob=logprob, top_logprobs_num=0, pending_output_logprobs=[],
-                            pending_output_top=[]) for logprob in (False, True)]
+                            return_logprob=logprob, top_logprobs_num=0, token_ids_logprob=None,
+                            pending_output_logprobs=[], pending_output_top=[]) for logprob in (False, True)]
     logits = torch.randn(2, 8)
     before = logits.clone()
     tokens = next_tokens(reqs, logits, eos_ids={0}, vocab_size=8, grammars=None)

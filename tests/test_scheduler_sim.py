@@ -342,3 +342,22 @@ def test_prompt_logprobs_are_sent_once_when_a_request_is_retracted_after_its_pre
     result = Simulation(Workload(knobs, [first, second], num_pages=16), world, oracle, max_steps=1_000).run()
     assert result.retractions > 0
     assert result.ok, _failure_report(result, generated=False)
+
+
+# Found by the soak with the prompt's token_ids_logprob not cleared on retraction (a recomputed prompt reported its
+# rows twice): a retracted request with prompt logprobs and chosen ids, speculation, two running slots.
+RETRACTED_TOKEN_IDS = (
+    '{"aborts": true, "arrival_span": 30, "chunked_prefill_size": 64, "constrained": false, "constrained_share": 0.15, '
+    '"copying": true, "embeddings": "", "enable_mixed_chunk": false, "flushes": false, "jump_forward": false, '
+    '"logprobs": true, "long_rope_from": 64, "lora": false, "max_loras_per_batch": 1, "max_new_tokens": 16, '
+    '"max_running_requests": 2, "multi_turn": true, "n_samples": true, "num_requests": 35, "overlap": false, '
+    '"oversubscription": 1.0, "page_size": 4, "partial_page_reuse": false, "priorities": true, "radix_cache": false, '
+    '"sampled": true, "schedule_policy": "fcfs", "seed": 900244, "sessions": false, "speculative": true, '
+    '"stops": true}')
+
+
+def test_a_retracted_prompt_reports_its_chosen_ids_once(world, oracle):
+    result = run_seed(Knobs.from_json(RETRACTED_TOKEN_IDS), world, oracle)
+    assert result.ok, _failure_report(result)
+    assert result.retractions + result.preemptions > 0
+    assert any(r.token_ids_logprob and r.logprob_start_len >= 0 for r in generate(result.knobs, world).requests)

@@ -64,8 +64,8 @@ def build_scheduler(world: World, knobs: Knobs, num_pages: int, sink: Callable[[
 def generate_req(spec: SimRequest, prompt: list[int], session: SessionParams | None = None) -> GenerateReq:
     return GenerateReq(rid=spec.rid, input_ids=list(prompt), params=spec.params, return_logprob=spec.return_logprob,
                        logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
-                       grammar=spec.grammar, priority=spec.priority, session=session, lora_path=spec.lora_path,
-                       cache_key=spec.cache_key, embed=spec.embed)
+                       token_ids_logprob=spec.token_ids_logprob, grammar=spec.grammar, priority=spec.priority,
+                       session=session, lora_path=spec.lora_path, cache_key=spec.cache_key, embed=spec.embed)
 
 
 @dataclass
@@ -75,6 +75,8 @@ class Outcome:
     output_logprobs: list | None = None
     input_logprobs: list | None = None
     embedding: list[float] | None = None
+    output_token_ids_logprobs: list | None = None  # a row per position: (logprob, id) per requested id
+    input_token_ids_logprobs: list | None = None
 
 
 def _logprobs_differ(a: list | None, b: list | None) -> bool:
@@ -97,6 +99,10 @@ def same_outcome(got: Outcome, alone: Outcome) -> str | None:
         return f"output logprobs {got.output_logprobs} != alone {alone.output_logprobs}"
     if _logprobs_differ(got.input_logprobs, alone.input_logprobs):
         return f"input logprobs {got.input_logprobs} != alone {alone.input_logprobs}"
+    for name in ("output_token_ids_logprobs", "input_token_ids_logprobs"):
+        rows, alone_rows = getattr(got, name) or [], getattr(alone, name) or []
+        if len(rows) != len(alone_rows) or any(_logprobs_differ(a, b) for a, b in zip(rows, alone_rows)):
+            return f"{name} {rows} != alone {alone_rows}"
     if (got.embedding is None) != (alone.embedding is None):
         return f"embedding {'none' if got.embedding is None else 'given'}, alone the other way"
     if got.embedding is not None:
@@ -156,7 +162,11 @@ class DeltaSink:
         input_logprobs = next((d.input_logprobs for d in deltas if d.input_logprobs is not None), None)
         output_logprobs = [x for d in deltas for x in (d.output_logprobs or [])]
         embedding = next((d.embedding for d in deltas if d.embedding is not None), None)
-        return Outcome(self.output(rid), self.finished.get(rid), output_logprobs, input_logprobs, embedding)
+        ids_rows = [row for d in deltas for row in (d.output_token_ids_logprobs or [])]
+        input_ids_rows = next((d.input_token_ids_logprobs for d in deltas if d.input_token_ids_logprobs is not None),
+                              None)
+        return Outcome(self.output(rid), self.finished.get(rid), output_logprobs, input_logprobs, embedding,
+                       ids_rows, input_ids_rows)
 
 
 class SoloOracle:
@@ -170,8 +180,8 @@ class SoloOracle:
         """``vocab_size``: the logits' width in the run compared (sampling noise is drawn over the whole row);
         ``copying``, ``long_rope_from`` and ``pooling``: the fake model's (the solo run never speculates)."""
         key = (tuple(prompt), msgspec.json.encode(spec.params), spec.grammar, spec.return_logprob,
-               spec.logprob_start_len, spec.top_logprobs_num, jump_forward, vocab_size, copying, spec.lora_path,
-               long_rope_from, spec.embed and pooling)
+               spec.logprob_start_len, spec.top_logprobs_num, str(spec.token_ids_logprob), jump_forward, vocab_size,
+               copying, spec.lora_path, long_rope_from, spec.embed and pooling)
         outcome = self.memo.get(key)
         if outcome is None:
             outcome = self.memo[key] = self._run(spec, prompt, jump_forward, vocab_size, copying, long_rope_from,

@@ -134,6 +134,7 @@ class SimRequest:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: list[int] | None = None
     expect_error: str | None = None  # an abort message it must end with (a grammar that does not compile)
     length_bound: int = 0  # prompt tokens at most (follow-ups: through their parents' outputs)
     priority: int | None = None
@@ -166,6 +167,7 @@ class _Builder:
         self.vocab = world.word_ids + world.punctuation_ids
         self.priority_rng = random.Random(f"priorities-{knobs.seed}")  # apart: other draws stay as they were
         self.lora_rng = random.Random(f"lora-requests-{knobs.seed}")
+        self.labels_rng = random.Random(f"token-ids-logprob-{knobs.seed}")
 
     @property
     def room(self) -> int:
@@ -227,6 +229,8 @@ class _Builder:
             req.return_logprob = True
             req.top_logprobs_num = rng.choice((0, 3))
             req.logprob_start_len = rng.choice((-1, 0, len(prompt) // 2)) if parent is None else rng.choice((-1, 0))
+            if self.labels_rng.random() < 0.5:  # SGLang's token_ids_logprob, from a stream of its own
+                req.token_ids_logprob = self.labels_rng.sample(self.vocab, 2)
         if knobs.aborts and rng.random() < 0.15:
             req.abort = (rng.choice(ABORT_KINDS), rng.randint(0, 6))
         if knobs.priorities:
@@ -282,6 +286,7 @@ def _make_embedding_requests(requests: list[SimRequest], rng: random.Random) -> 
         if req.parent is None and req.rid not in parents and rng.random() < 0.25:
             req.embed, req.params, req.grammar, req.expect_error = True, SamplingParams(max_new_tokens=0), None, None
             req.return_logprob, req.logprob_start_len, req.top_logprobs_num = False, -1, 0
+            req.token_ids_logprob = None
 
 
 def _as_dict(params: SamplingParams) -> dict:
