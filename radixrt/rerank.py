@@ -13,7 +13,8 @@ A ``Reranker`` is one of two kinds (``reranker_of`` picks it from the served mod
 A template is rendered with the messages ``[{"role": "query", ...}, {"role": "document", ...}]`` and the call's
 ``instruct`` (as ``instruct`` and ``instruction``), which SGLang's and vLLM's reranker templates both read. Pairs of
 one query share its rendering up to the document, a prefix the radix cache keeps. ``ranked`` is SGLang's /v1/rerank
-answer: every document with its score and index, best first, ``top_n`` of them.
+answer: every document with its score and index, best first, ``top_n`` of them. ``score_pairs`` reads vLLM's /score
+pairs (one text against many, or two lists pair by pair).
 """
 
 from __future__ import annotations
@@ -38,6 +39,24 @@ class RerankCall:
     instruct: Any = None
     top_n: Any = None
     return_documents: Any = True
+
+
+def score_pairs(text_1: Any, text_2: Any) -> list[tuple[str, str]]:
+    """vLLM's /score pairs: one text against one or many (``text_1`` a string or a list of one), or two lists of
+    the same length, pair by pair; RequestError otherwise."""
+    first = [text_1] if isinstance(text_1, str) else text_1
+    second = [text_2] if isinstance(text_2, str) else text_2
+    for name, texts in (("text_1", first), ("text_2", second)):
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+            raise RequestError(f"{name} must be a non-empty string or a non-empty list of them")
+    if len(second) > MAX_RERANK_DOCUMENTS:
+        raise RequestError(f"at most {MAX_RERANK_DOCUMENTS} pairs are scored in one call")
+    if len(first) == 1:
+        return [(first[0], t) for t in second]
+    if len(first) != len(second):
+        raise RequestError(f"text_1 has {len(first)} texts and text_2 {len(second)}: give one text_1, or as many "
+                           "as text_2")
+    return list(zip(first, second))
 
 
 def is_reranker_template(template: Any) -> bool:
@@ -76,14 +95,14 @@ class Reranker:
         if not isinstance(call.return_documents, bool):
             raise RequestError("return_documents must be a boolean")
 
-    def pair_ids(self, tokenizer: Any, call: RerankCall) -> list[list[int]]:
+    def pair_ids(self, tokenizer: Any, pairs: list[tuple[str, str]], instruct: str | None) -> list[list[int]]:
         """Each (query, document) pair as token ids. Blocking (it tokenizes)."""
         if self.template is None:
-            return [tokenizer(call.query, doc)["input_ids"] for doc in call.documents]
-        extra = {} if call.instruct is None else {"instruct": call.instruct, "instruction": call.instruct}
+            return [tokenizer(query, doc)["input_ids"] for query, doc in pairs]
+        extra = {} if instruct is None else {"instruct": instruct, "instruction": instruct}
         prompts = []
-        for doc in call.documents:
-            messages = [{"role": "query", "content": call.query}, {"role": "document", "content": doc}]
+        for query, doc in pairs:
+            messages = [{"role": "query", "content": query}, {"role": "document", "content": doc}]
             text = tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
                                                  add_generation_prompt=False, **extra)
             prompts.append(tokenizer.encode(text, add_special_tokens=False))
@@ -92,7 +111,12 @@ class Reranker:
     def request(self, tokenizer: Any, call: RerankCall, lora_path: str | None = None) -> GenerateInput:
         """The call's requests: one per document, in order. Blocking (it tokenizes)."""
         self.check(call)
-        ids = self.pair_ids(tokenizer, call)
+        return self.pairs_request(tokenizer, [(call.query, doc) for doc in call.documents], call.instruct, lora_path)
+
+    def pairs_request(self, tokenizer: Any, pairs: list[tuple[str, str]], instruct: str | None = None,
+                      lora_path: str | None = None) -> GenerateInput:
+        """One request per (query, document) pair, in order. Blocking (it tokenizes)."""
+        ids = self.pair_ids(tokenizer, pairs, instruct)
         if self.kind == "cross-encoder":
             return GenerateInput(input_ids=ids, embed=True, lora_path=lora_path)
         return GenerateInput(input_ids=ids, sampling_params=PROMPT_ONLY, return_logprob=True,

@@ -1,6 +1,6 @@
 """Scoring and reranking behind `radixrt serve`: SGLang's /v1/score and /generate's ``token_ids_logprob`` on the
-default model, equal to transformers; SGLang's /v1/rerank and vLLM's (Cohere's) /rerank and /v2/rerank on a
-cross-encoder, equal to transformers' sigmoid; each route only where the model serves it (and in the OpenAPI
+default model, equal to transformers; SGLang's /v1/rerank, vLLM's (Cohere's) /rerank and /v2/rerank and vLLM's /score
+on a cross-encoder, equal to transformers' sigmoid; each route only where the model serves it (and in the OpenAPI
 document only then); bad bodies a 400 and the server keeps serving. Through the Engine: tests/test_scoring.py."""
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def test_bad_scoring_bodies_get_a_400(http, path, body, words):
 def test_no_rerank_route_on_a_model_that_does_not_rerank(http):
     for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
         assert http.post(path, json={"query": QUERY, "documents": DOCUMENTS}).status_code == 404
+    assert http.post("/score", json={"text_1": QUERY, "text_2": DOCUMENTS}).status_code == 404
     paths = http.get("/openapi.json").json()["paths"]
     assert "/v1/score" in paths and "/v1/rerank" not in paths
 
@@ -137,11 +138,25 @@ def test_cohere_rerank_answers_as_vllm(cross_encoder, path):
         assert r["document"] == {"text": DOCUMENTS[r["index"]]}
 
 
+def test_vllm_score_scores_pairs_in_order(cross_encoder, tokenizer):
+    http, want = cross_encoder
+    res = http.post("/score", json={"text_1": QUERY, "text_2": DOCUMENTS, "model": "tiny-reranker"})
+    assert res.status_code == 200, res.text
+    answer = res.json()
+    assert answer["object"] == "list" and [d["index"] for d in answer["data"]] == [0, 1, 2]
+    assert all(math.isclose(d["score"], w, rel_tol=1e-4) for d, w in zip(answer["data"], want))
+    assert answer["usage"]["prompt_tokens"] == sum(len(tokenizer(QUERY, d)["input_ids"]) for d in DOCUMENTS)
+    zipped = http.post("/score", json={"text_1": [QUERY, QUERY], "text_2": DOCUMENTS[1:]}).json()
+    assert all(math.isclose(d["score"], w, rel_tol=1e-4) for d, w in zip(zipped["data"], want[1:]))
+    res = http.post("/score", json={"text_1": [QUERY, QUERY], "text_2": DOCUMENTS})
+    assert res.status_code == 400 and "as many" in res.text
+
+
 def test_a_cross_encoder_serves_rerank_not_score(cross_encoder):
     http, _ = cross_encoder
     assert http.post("/v1/score", json={"query": "q", "items": ["a"], "label_token_ids": [1]}).status_code == 404
     paths = http.get("/openapi.json").json()["paths"]
-    assert {"/v1/rerank", "/rerank", "/v2/rerank"} <= set(paths) and "/v1/score" not in paths
+    assert {"/v1/rerank", "/rerank", "/v2/rerank", "/score"} <= set(paths) and "/v1/score" not in paths
     for body in ({"query": QUERY, "documents": []}, {"query": "", "documents": DOCUMENTS},
                  {"query": QUERY, "documents": DOCUMENTS, "top_n": -1}, {"query": QUERY}):
         assert http.post("/v1/rerank", json=body).status_code == 400

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import radixrt
-from radixrt.rerank import RerankCall, is_reranker_template, ranked
+from radixrt.rerank import RerankCall, is_reranker_template, ranked, score_pairs
 
 pytestmark = pytest.mark.model
 
@@ -205,6 +205,14 @@ def test_a_decoder_reranker_scores_yes_against_no_as_transformers(template_file,
 def test_a_model_without_a_reranker_template_does_not_rerank(engine):
     with pytest.raises(ValueError, match="does not rerank"):
         engine.rerank(QUERY, DOCUMENTS)
+
+
+def test_score_pairs_reads_one_against_many_or_pair_by_pair():
+    assert score_pairs("q", ["a", "b"]) == [("q", "a"), ("q", "b")] == score_pairs(["q"], ["a", "b"])
+    assert score_pairs(["q", "r"], ["a", "b"]) == [("q", "a"), ("r", "b")] and score_pairs("q", "a") == [("q", "a")]
+    for bad in ((["q", "r"], ["a", "b", "c"]), ("q", []), ("", "a"), ("q", ["a", 3])):
+        with pytest.raises(ValueError):
+            score_pairs(*bad)
 
 
 def test_ranked_orders_best_first_ties_in_document_order():

@@ -145,6 +145,14 @@ class RerankRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     model: str | None = None
 
 
+class PairScoreRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """vLLM's /score: the relevance of text pairs (radixrt.rerank.score_pairs)."""
+
+    text_1: str | list[str]
+    text_2: str | list[str]
+    model: str | None = None
+
+
 def check_classify(req: ClassifyRequest) -> list[str | list[int]]:
     """The inputs of a classify call, as prompts (text or token ids)."""
     prompts = completion_prompts(req.input)

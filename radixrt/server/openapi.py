@@ -115,7 +115,7 @@ BOUNDS: dict[str, dict[str, Any]] = {
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
 STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProfileBody, oai.CompletionRequest,
            oai.ChatCompletionRequest, TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, EncodeBody, oai.ClassifyRequest,
-           oai.ScoreRequest, oai.RerankRequest, LoadLoraBody, UnloadLoraBody, ErrorResponse]
+           oai.ScoreRequest, oai.RerankRequest, oai.PairScoreRequest, LoadLoraBody, UnloadLoraBody, ErrorResponse]
 
 LORA_ANSWER = {"type": "object", "required": ["success", "loaded_adapters"], "properties": {
     "success": {"type": "boolean"}, "error_message": {"type": ["string", "null"]},
@@ -362,6 +362,8 @@ def _score_and_rerank_limits(components: dict[str, Any], ids: dict[str, Any], te
     rerank["query"] = text
     rerank["documents"] = {"type": "array", "items": text, "minItems": 1, "maxItems": MAX_RERANK_DOCUMENTS}
     _constrain(rerank["top_n"], {"minimum": 0})
+    texts = {"anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": MAX_RERANK_DOCUMENTS}]}
+    components["PairScoreRequest"]["properties"].update(text_1=texts, text_2=texts)
 
 
 def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
@@ -444,6 +446,8 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         for path in ("/rerank", "/v2/rerank"):
             paths[path] = {"post": post("documents ranked by relevance to a query (vLLM's and Cohere's rerank API)",
                                         "RerankRequest", json_ok, 400, 404, 503)}
+        paths["/score"] = {"post": post("the relevance of text pairs (vLLM's score API)", "PairScoreRequest",
+                                        json_ok, 400, 404, 503)}
     if limits.classifier:
         paths["/classify"] = {m: post("a classifier's scores at each prompt's last token (SGLang's native API)",
                                       "EncodeBody", json_ok, 400, 404, 503) for m in ("post", "put")}

@@ -1,11 +1,13 @@
 """Scoring and reranking routes: SGLang's /v1/score (on a generating model) and, on a model that reranks
 (radixrt.rerank: a one-label classifier, or a generating model with a yes/no reranker template), SGLang's
-/v1/rerank and vLLM's (Cohere's) /rerank and /v2/rerank.
+/v1/rerank, vLLM's (Cohere's) /rerank and /v2/rerank, and vLLM's /score (text pairs; SGLang's /v1/score is the
+label-token API above).
 
 /v1/score answers ``{"object": "scoring", "model", "scores", "usage", "created"}``: per item, the label tokens'
 probabilities (radixrt.scoring). /v1/rerank answers SGLang's list of ``{"score", "document", "index",
 "meta_info"}``, best first; /rerank and /v2/rerank answer ``{"id", "model", "usage", "results": [{"index",
-"document": {"text"}, "relevance_score"}]}``, best first. Every item or document is one prefill-only request on the
+"document": {"text"}, "relevance_score"}]}``, best first; /score answers ``{"id", "object": "list", "created",
+"model", "data": [{"index", "object": "score", "score"}], "usage"}``, in the pairs' order. Every item or document is one prefill-only request on the
 runtime's one request path.
 """
 
@@ -19,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from radixrt.protocol.request import GenerateInput
-from radixrt.rerank import RerankCall, Reranker, ranked, reranker_of, serves_rerank
+from radixrt.rerank import RerankCall, Reranker, ranked, reranker_of, score_pairs, serves_rerank
 from radixrt.scoring import ScoreCall, label_scores, score_input, usage
 from radixrt.server import openai_protocol as oai
 from radixrt.server.client_wait import gather
@@ -36,6 +38,7 @@ def add_score_routes(app: FastAPI, tm: TokenizerManager) -> None:
         route(app, "/v1/rerank", ["POST"], rerank, tm, reranker)
         for path in ("/rerank", "/v2/rerank"):
             route(app, path, ["POST"], rerank_results, tm, reranker)
+        route(app, "/score", ["POST"], score_pairs_route, tm, reranker)
 
 
 async def _run(tm: TokenizerManager, request: Request, call: GenerateInput) -> list[dict[str, Any]]:
@@ -76,4 +79,17 @@ async def rerank_results(tm: TokenizerManager, reranker: Reranker, request: Requ
     results = [{"index": r["index"], "relevance_score": r["score"],
                 "document": None if r["document"] is None else {"text": r["document"]}} for r in answer]
     return json_response({"id": f"rerank-{uuid.uuid4().hex}", "model": model, "results": results,
-                          "usage": {"total_tokens": tokens["total_tokens"]}})
+                          "usage": {k: tokens[k] for k in ("prompt_tokens", "total_tokens")}})
+
+
+async def score_pairs_route(tm: TokenizerManager, reranker: Reranker, request: Request) -> Response:
+    """vLLM's /score: each pair's relevance, in the pairs' order."""
+    req = decode_request(await request.body(), oai.PairScoreRequest)
+    model, lora = served_model(tm, req.model)
+    pairs = score_pairs(req.text_1, req.text_2)
+    results = await _run(tm, request, await tm.off_loop(reranker.pairs_request, tm.tokenizer, pairs, None, lora))
+    data = [{"index": i, "object": "score", "score": reranker.score(r)} for i, r in enumerate(results)]
+    tokens = usage(results)
+    return json_response({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+                          "model": model, "data": data,
+                          "usage": {k: tokens[k] for k in ("prompt_tokens", "total_tokens")}})
