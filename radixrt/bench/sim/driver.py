@@ -55,6 +55,7 @@ class SeedResult:
     session_turns: int = 0  # conversation turns that continued a session's earlier turn by rid
     long_rope_restarts: int = 0  # requests computed again, rotated long, when their outputs outgrew the context
     embeddings: int = 0  # embedding requests that finished with their vector
+    token_id_logprobs: int = 0  # finished requests that reported token_ids_logprob rows
     seconds: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)
 
@@ -142,7 +143,9 @@ class Simulation:
         self.result.spec_verify_steps = stats.spec_verify_steps
         self.result.spec_accepted_tokens = stats.spec_accepted_tokens
         self.result.aborts = sum(1 for r in self.sink.finished.values() if r.type == "abort")
-        self.result.embeddings = sum(1 for rid in self.sink.finished if self.sink.outcome(rid).embedding is not None)
+        outcomes = [self.sink.outcome(rid) for rid in self.sink.finished]
+        self.result.embeddings = sum(1 for o in outcomes if o.embedding is not None)
+        self.result.token_id_logprobs = sum(1 for o in outcomes if o.output_token_ids_logprobs)
         return self.result
 
     def _submit_due(self) -> None:
