@@ -217,6 +217,14 @@ def test_embedding_workloads_have_the_documented_shapes():
     assert len({tuple(q) for q in wl["queries"]}) == 256
     assert len(wl["documents"]) == 64 and all(len(d) == 400 for d in wl["documents"])
     assert e.min_cosine([[1.0, 0.0], [0.0, 2.0]], [[2.0, 0.0], [1.0, 1.0]]) == pytest.approx(0.5 ** 0.5)
+    pairs = wl["rerank"]  # each query against the same passages, the query first
+    assert len(pairs) == e.RERANK_QUERIES * e.RERANK_PASSAGES == 256
+    assert all(len(p) == e.QUERY_LEN + e.PASSAGE_LEN for p in pairs)
+    first = pairs[: e.RERANK_PASSAGES]
+    assert len({tuple(p[: e.QUERY_LEN]) for p in first}) == 1 and len({tuple(p[e.QUERY_LEN:]) for p in first}) == 32
+    second = pairs[e.RERANK_PASSAGES : 2 * e.RERANK_PASSAGES]
+    assert [p[e.QUERY_LEN:] for p in second] == [p[e.QUERY_LEN:] for p in first]
+    assert e.agreement("rerank", [[0.5], [0.25]], [[0.5], [0.5]]) == "max |diff| 0.25000"
 
 
 def test_embed_run_imports_nothing_of_radixrt():
@@ -239,3 +247,39 @@ def test_embed_run_result_has_the_fields(tmp_path, capsys):
     result = json.loads(line.split(" ", 1)[1])
     assert result["engine"] == "radixrt" and result["prompt_tok_s"] > 0 and len(result["vectors"]) == 3
     assert all(abs(sum(x * x for x in vec) - 1) < 1e-3 for vec in result["vectors"])
+
+
+@pytest.mark.model
+def test_a_reranking_run_scores_pairs_through_the_saved_cross_encoder(tmp_path, capsys):
+    """``save_cross_encoder`` puts a one-label score head on a causal checkpoint; embed_run serves it as a classifier
+    and reports each pair's relevance: transformers' sigmoid of the score."""
+    import math
+
+    import torch
+    from tiny_models import tiny_config
+    from transformers import AutoModelForSequenceClassification, LlamaForCausalLM
+
+    from radixrt.bench import embed_run, embed_vs_vllm
+
+    import shutil
+
+    from radixrt.model.weights import resolve_model_path
+
+    config = tiny_config("llama")
+    config.vocab_size = 512  # the run's warm-up prompts reach id 403
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "causal")
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the Engine loads a tokenizer
+        shutil.copy(resolve_model_path("smollm2-135m") / name, tmp_path / "causal" / name)
+    folder = embed_vs_vllm.save_cross_encoder(str(tmp_path / "causal"), tmp_path / "cross-encoder")
+    pairs = [[5, 9, 3, 77, 12], [5, 9, 3, 40, 8, 6]]  # none ends in the pad id (transformers would pool before it)
+    (tmp_path / "w.json").write_text(json.dumps({"rerank": pairs}))
+    assert embed_run.main(["radixrt", folder, str(tmp_path / "w.json"), "rerank", "float32"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("RESULT_JSON "))
+    result = json.loads(line.split(" ", 1)[1])
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    assert model.config.num_labels == 1 and result["cached_prompt_tokens"] >= 0
+    for pair, (got,) in zip(pairs, result["vectors"]):
+        with torch.no_grad():
+            want = torch.sigmoid(model(torch.tensor([pair])).logits[0, 0]).item()
+        assert math.isclose(got, want, rel_tol=1e-4)

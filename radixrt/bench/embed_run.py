@@ -6,34 +6,48 @@
 Rules as peer_run.py's: this file runs by path under another engine's python, so it imports nothing of radixrt at
 module level. The measurement: engine start-up, a warm-up on four prompts unrelated to the workload, then every
 prompt of the workload in one call (radixrt: ``Engine(is_embedding=True).encode``; vLLM: ``LLM(runner="pooling")
-.embed``, each with its prefix cache on). Reported: prompts/s, prompt tokens/s, the prompt tokens served from the
-cache where the engine says, and the first ``KEPT`` vectors (the caller compares the engines' vectors).
+.embed``, or ``.classify`` for a reranking workload over a cross-encoder, each with its prefix cache on). Reported:
+prompts/s, prompt tokens/s, the prompt tokens served from the cache where the engine says, and the first ``KEPT``
+vectors (a reranking workload's: each pair's relevance, a one-label score's sigmoid; the caller compares the
+engines' answers).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
 from typing import Callable
 
 KEPT = 8
+RERANK_WORKLOADS = ("rerank",)  # (query, passage) pairs through a cross-encoder: the relevance, not a vector
 WARM_UP = [[100 + i, 200 + i, 300 + i, 400 + i] for i in range(4)]
 
 # embed(prompts) -> outputs; vectors(outputs) -> lists of floats; cached_tokens(outputs) -> int or None
 EngineCalls = tuple[Callable[[list[list[int]]], list], Callable[[list], list], Callable[[list], "int | None"]]
 
 
-def radixrt_engine(model: str, dtype: str) -> EngineCalls:
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def radixrt_engine(model: str, dtype: str, rerank: bool) -> EngineCalls:
     import radixrt
 
     engine = radixrt.Engine(model=model, dtype=dtype, is_embedding=True)
-    return (lambda prompts: engine.encode(input_ids=prompts), lambda outs: [o["embedding"] for o in outs],
+
+    def answers(outs: list) -> list:
+        if rerank:  # a cross-encoder: each pair's relevance, its score's sigmoid (radixrt.rerank)
+            return [[_sigmoid(o["embedding"][0])] for o in outs]
+        return [o["embedding"] for o in outs]
+
+    return (lambda prompts: engine.encode(input_ids=prompts), answers,
             lambda outs: sum(o["meta_info"].get("cached_tokens", 0) for o in outs))
 
 
-def vllm_engine(model: str, dtype: str) -> EngineCalls:
+def vllm_engine(model: str, dtype: str, rerank: bool) -> EngineCalls:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     from vllm import LLM
     from vllm.inputs import TokensPrompt
@@ -42,8 +56,11 @@ def vllm_engine(model: str, dtype: str) -> EngineCalls:
                  seed=0)
 
     def embed(prompts: list[list[int]]) -> list:
-        return engine.embed([TokensPrompt(prompt_token_ids=p) for p in prompts], use_tqdm=False)
+        tokens = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        return engine.classify(tokens, use_tqdm=False) if rerank else engine.embed(tokens, use_tqdm=False)
 
+    if rerank:  # vLLM's classify applies a one-label model's sigmoid
+        return embed, lambda outs: [list(o.outputs.probs) for o in outs], lambda outs: None
     return embed, lambda outs: [list(o.outputs.embedding) for o in outs], lambda outs: None
 
 
@@ -52,7 +69,7 @@ ENGINES = {"radixrt": radixrt_engine, "vllm": vllm_engine}
 
 def measure(engine: str, model: str, prompts: list[list[int]], name: str, dtype: str) -> dict:
     started = time.perf_counter()
-    embed, vectors, cached_tokens = ENGINES[engine](model, dtype)
+    embed, vectors, cached_tokens = ENGINES[engine](model, dtype, name in RERANK_WORKLOADS)
     init_s = time.perf_counter() - started
     embed(WARM_UP)
     started = time.perf_counter()

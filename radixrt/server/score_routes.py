@@ -7,8 +7,8 @@ label-token API above).
 probabilities (radixrt.scoring). /v1/rerank answers SGLang's list of ``{"score", "document", "index",
 "meta_info"}``, best first; /rerank and /v2/rerank answer ``{"id", "model", "usage", "results": [{"index",
 "document": {"text"}, "relevance_score"}]}``, best first; /score answers ``{"id", "object": "list", "created",
-"model", "data": [{"index", "object": "score", "score"}], "usage"}``, in the pairs' order. Every item or document is one prefill-only request on the
-runtime's one request path.
+"model", "data": [{"index", "object": "score", "score"}], "usage"}``, in the pairs' order. Every item, document or
+pair is one prefill-only request on the runtime's one request path.
 """
 
 from __future__ import annotations
