@@ -23,6 +23,15 @@ def default_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def hf_model(default_model_path):
+    """transformers' default model in fp32, the reference of the exactness tests (loaded once a session)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
 def shared_server(default_model_path):
     """One `radixrt serve` for every module whose `SERVER_ARGS` are `shared_server.ARGS`."""
     from shared_server import ARGS

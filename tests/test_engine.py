@@ -18,13 +18,6 @@ def engine(default_model_path):
         yield eng
 
 
-@pytest.fixture(scope="module")
-def hf_model(default_model_path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
-
-
 def chat(engine, text):
     return apply_chat_template(engine.tokenizer, [{"role": "user", "content": text}])
 

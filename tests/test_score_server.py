@@ -21,13 +21,6 @@ DOCUMENTS = ["Pandas eat bamboo shoots and leaves.", "The stock market closed hi
 
 
 @pytest.fixture(scope="module")
-def hf_model(default_model_path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
 def tokenizer(default_model_path):
     from radixrt.tokenizer import load_tokenizer
 

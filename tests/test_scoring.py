@@ -43,13 +43,6 @@ def engine(default_model_path):
         yield eng
 
 
-@pytest.fixture(scope="module")
-def hf_model(default_model_path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
-
-
 def _last_logprobs(hf_model, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return torch.log_softmax(hf_model(torch.tensor([ids])).logits[0, -1].float(), -1)
