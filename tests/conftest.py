@@ -32,6 +32,14 @@ def hf_model(default_model_path):
 
 
 @pytest.fixture(scope="session")
+def tokenizer(default_model_path):
+    """The default model's tokenizer, as the runtime loads it (loaded once a session; tests must not change it)."""
+    from radixrt.tokenizer import load_tokenizer
+
+    return load_tokenizer(default_model_path)
+
+
+@pytest.fixture(scope="session")
 def shared_server(default_model_path):
     """One `radixrt serve` for every module whose `SERVER_ARGS` are `shared_server.ARGS`."""
     from shared_server import ARGS

@@ -148,13 +148,6 @@ DATE_CHECK = jsonschema.FormatChecker(["date"])
 
 
 @pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    from radixrt.tokenizer import load_tokenizer
-
-    return load_tokenizer(default_model_path)
-
-
-@pytest.fixture(scope="module")
 def eos_ids(default_model_path, tokenizer):
     from radixrt.tokenizer import eos_token_ids
 

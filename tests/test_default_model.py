@@ -7,7 +7,7 @@ from radixrt.bench.gpu_check_parts import TIE
 from radixrt.model.runner import ModelRunner
 from radixrt.lockstep import generate_ids
 from radixrt.sampling.params import SamplingParams
-from radixrt.tokenizer import apply_chat_template, eos_token_ids, load_tokenizer
+from radixrt.tokenizer import apply_chat_template, eos_token_ids
 
 CHAT_PROMPTS = [
     "What is the capital of France?",
@@ -17,11 +17,6 @@ CHAT_PROMPTS = [
 ]
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    return load_tokenizer(default_model_path)
 
 
 def transformers_model(model_path, dtype: torch.dtype):

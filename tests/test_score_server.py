@@ -20,13 +20,6 @@ DOCUMENTS = ["Pandas eat bamboo shoots and leaves.", "The stock market closed hi
              "Giant pandas live in the mountains of China."]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    from radixrt.tokenizer import load_tokenizer
-
-    return load_tokenizer(default_model_path)
-
-
 def _still_serving(http) -> None:
     res = http.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
     assert res.status_code == 200, res.text

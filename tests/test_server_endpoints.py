@@ -23,13 +23,6 @@ def oai(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(default_model_path):
-    from radixrt.tokenizer import load_tokenizer
-
-    return load_tokenizer(default_model_path)
-
-
 def _still_serving(http) -> None:
     res = http.post("/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
     assert res.status_code == 200, res.text
