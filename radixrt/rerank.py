@@ -3,7 +3,7 @@
 A ``Reranker`` is one of two kinds (``reranker_of`` picks it from the served model and its chat template):
 
 - ``cross-encoder``: a classifier with one label (``*ForSequenceClassification``, e.g. a Qwen3-Reranker converted to
-  one, or mxbai-rerank). Each (query, document) pair is one embedding request (the score head at its last token);
+  one). Each (query, document) pair is one embedding request (the score head at its last token);
   its score is that label's sigmoid, as sentence-transformers' ``CrossEncoder``, vLLM and SGLang give it. The pair
   is the tokenizer's encoding of two texts, or, where the chat template is a reranker's, the template's rendering.
 - ``decoder``: a generating model served with a yes/no reranker template (Qwen3-Reranker's: the answer "can only be
