@@ -145,6 +145,18 @@ def test_bad_score_calls_are_refused(engine, query, items, labels, message):
         engine.score(query, items, labels)
 
 
+def test_a_detached_engine_scores_as_a_threaded_one(engine, template_file):
+    """The scheduler in its own process: the chosen ids travel over its sockets (radixrt.server.detached)."""
+    labels = [11, 12, 700]
+    want = engine.score("The weather today is", [" sunny", " cold and wet"], labels, apply_softmax=True)
+    with radixrt.Engine(dtype="float32", log_interval=0, kv_memory_gb=0.3, engine_scheduler="process",
+                        chat_template=str(template_file)) as detached:
+        assert _all_close(detached.score("The weather today is", [" sunny", " cold and wet"], labels,
+                                         apply_softmax=True), want, rel=1e-5)
+        ranked_docs = detached.rerank(QUERY, DOCUMENTS)
+        assert sorted(r["index"] for r in ranked_docs) == [0, 1, 2] and all(0 < r["score"] < 1 for r in ranked_docs)
+
+
 def _all_close(got: list[list[float]], want: list[list[float]], rel: float = 1e-3) -> bool:
     return len(got) == len(want) and all(
         len(g) == len(w) and all(math.isclose(a, b, rel_tol=rel, abs_tol=1e-7) for a, b in zip(g, w))
