@@ -19,13 +19,12 @@ pairs (one text against many, or two lists pair by pair).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from radixrt.protocol.errors import RequestError
 from radixrt.protocol.request import GenerateInput
-from radixrt.scoring import PROMPT_ONLY
+from radixrt.scoring import PROMPT_ONLY, next_token_logprobs, sigmoid, softmax
 
 MAX_RERANK_DOCUMENTS = 1024
 
@@ -125,10 +124,9 @@ class Reranker:
     def score(self, result: dict[str, Any]) -> float:
         """One document's relevance in [0, 1] from its answer."""
         if self.kind == "cross-encoder":
-            return 1.0 / (1.0 + math.exp(-result["embedding"][0]))
-        logprobs = {token: logprob for logprob, token, _ in result["meta_info"]["output_token_ids_logprobs"][0]}
-        yes, no = (math.exp(logprobs[token]) for token in self.yes_no)
-        return yes / (yes + no)
+            return sigmoid(result["embedding"][0])
+        logprobs = next_token_logprobs(result)
+        return softmax([logprobs[token] for token in self.yes_no])[0]  # p(yes) / (p(yes) + p(no))
 
 
 def reranker_of(model_info: dict[str, Any], tokenizer: Any) -> Reranker:
@@ -148,13 +146,12 @@ def reranker_of(model_info: dict[str, Any], tokenizer: Any) -> Reranker:
                        "Qwen3-Reranker's)")
 
 
-def serves_rerank(model_info: dict[str, Any], tokenizer: Any) -> bool:
-    """Whether the served model reranks (its rerank routes exist)."""
+def served_reranker(model_info: dict[str, Any], tokenizer: Any) -> Reranker | None:
+    """How the served model reranks, or None when it does not (its rerank routes do not exist)."""
     try:
-        reranker_of(model_info, tokenizer)
+        return reranker_of(model_info, tokenizer)
     except (RequestError, ValueError):
-        return False
-    return True
+        return None
 
 
 def ranked(call: RerankCall, scores: list[float], meta: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:

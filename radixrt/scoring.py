@@ -65,16 +65,30 @@ def score_input(call: ScoreCall) -> GenerateInput:
                        "and lists of ids)")
 
 
-def label_scores(result: dict[str, Any], label_token_ids: list[int], apply_softmax: bool) -> list[float]:
-    """One item's scores, in the order of ``label_token_ids``, from its answer's ``output_token_ids_logprobs``."""
-    logprobs = {token: logprob for logprob, token, _ in result["meta_info"]["output_token_ids_logprobs"][0]}
-    values = [logprobs[token] for token in label_token_ids]
-    if not apply_softmax:
-        return [math.exp(v) for v in values]
+def next_token_logprobs(result: dict[str, Any]) -> dict[int, float]:
+    """A prompt-only answer's ``token_ids_logprob``, by id, at the position after its prompt."""
+    return {token: logprob for logprob, token, _ in result["meta_info"]["output_token_ids_logprobs"][0]}
+
+
+def softmax(values: list[float]) -> list[float]:
     top = max(values)
     weights = [math.exp(v - top) for v in values]
     total = sum(weights)
     return [w / total for w in weights]
+
+
+def sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)  # no overflow for a very negative score
+    return e / (1.0 + e)
+
+
+def label_scores(result: dict[str, Any], label_token_ids: list[int], apply_softmax: bool) -> list[float]:
+    """One item's scores, in the order of ``label_token_ids``, from its answer's ``output_token_ids_logprobs``."""
+    logprobs = next_token_logprobs(result)
+    values = [logprobs[token] for token in label_token_ids]
+    return softmax(values) if apply_softmax else [math.exp(v) for v in values]
 
 
 def usage(results: list[dict[str, Any]]) -> dict[str, int]:

@@ -9,13 +9,13 @@ request on the runtime's one request path, as an embedding request is.
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from radixrt.scoring import sigmoid, softmax
 from radixrt.server import openai_protocol as oai
 from radixrt.server.client_wait import gather
 from radixrt.server.embedding_routes import encode, prepare_inputs, prompt_tokens
@@ -33,12 +33,7 @@ def add_classify_routes(app: FastAPI, tm: TokenizerManager) -> None:
 
 def probabilities(scores: list[float]) -> list[float]:
     """vLLM's activation of a classifier's scores: a softmax over several labels, a sigmoid over one."""
-    if len(scores) == 1:
-        return [1.0 / (1.0 + math.exp(-scores[0]))]
-    top = max(scores)
-    weights = [math.exp(s - top) for s in scores]
-    total = sum(weights)
-    return [w / total for w in weights]
+    return [sigmoid(scores[0])] if len(scores) == 1 else softmax(scores)
 
 
 async def classify(tm: TokenizerManager, request: Request) -> Response:

@@ -23,7 +23,7 @@ from radixrt.server.openapi import ApiLimits, build_openapi
 from radixrt.protocol.errors import RequestFailed, RuntimeDown
 from radixrt.protocol.messages import StatsReq
 from radixrt.protocol.request import GenerateInput
-from radixrt.rerank import serves_rerank
+from radixrt.rerank import served_reranker
 from radixrt.server.client_wait import gather
 from radixrt.server.tokenizer_manager import TokenizerManager
 
@@ -75,7 +75,7 @@ async def openapi(tm: TokenizerManager, built: list[bytes], request: Request) ->
         limits = ApiLimits.of_server(tm.context_length, tm.vocab_size, getattr(tm, "client_limits", None),
                                      tuple(tm.served_names()), tm.args.max_messages, tm.limits,
                                      tm.model_info.get("classifier_labels") is not None,
-                                     serves_rerank(tm.model_info, tm.tokenizer))
+                                     served_reranker(tm.model_info, tm.tokenizer) is not None)
         built.append(encode_json(build_openapi(limits, radixrt.__version__)))
     return Response(built[0], media_type="application/json")
 

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from radixrt.protocol.request import GenerateInput
-from radixrt.rerank import RerankCall, Reranker, ranked, reranker_of, score_pairs, serves_rerank
+from radixrt.rerank import RerankCall, Reranker, ranked, score_pairs, served_reranker
 from radixrt.scoring import ScoreCall, label_scores, score_input, usage
 from radixrt.server import openai_protocol as oai
 from radixrt.server.client_wait import gather
@@ -33,8 +33,8 @@ from radixrt.server.tokenizer_manager import TokenizerManager
 def add_score_routes(app: FastAPI, tm: TokenizerManager) -> None:
     if tm.model_info.get("is_generation", True):
         route(app, "/v1/score", ["POST"], score, tm)
-    if serves_rerank(tm.model_info, tm.tokenizer):
-        reranker = reranker_of(tm.model_info, tm.tokenizer)
+    reranker = served_reranker(tm.model_info, tm.tokenizer)
+    if reranker is not None:
         route(app, "/v1/rerank", ["POST"], rerank, tm, reranker)
         for path in ("/rerank", "/v2/rerank"):
             route(app, path, ["POST"], rerank_results, tm, reranker)
