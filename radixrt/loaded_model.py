@@ -69,6 +69,7 @@ class LoadedModel:
         return {
             "model_path": str(self.model_path),
             "served_model_name": self.args.served_model_name or self.args.model,
+            "weight_version": self.args.weight_version,  # an update of weights may change it and model_path
             "context_length": self.runner.context_length,
             "vocab_size": self.runner.config.vocab_size,
             "dtype": str(self.runner.dtype).replace("torch.", ""),

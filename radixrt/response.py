@@ -68,6 +68,8 @@ class ResponseBuilder:
                 self.meta["output_token_ids_logprobs"].extend(_entries(t) for t in (d.output_token_ids_logprobs or []))
         if d.embedding is not None:
             self.embedding = d.embedding
+        if d.weight_version is not None:
+            self.meta["weight_version"] = d.weight_version
         if d.finish_reason is not None:
             self.finish_reason = d.finish_reason
             self.meta["finish_reason"] = self.finish_reason.to_dict()

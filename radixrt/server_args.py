@@ -100,6 +100,7 @@ class ServerArgs:
     host: str = field(default="127.0.0.1", metadata={"help": "HTTP host"})
     port: int = field(default=30000, metadata={"help": "HTTP port"})
     served_model_name: str | None = field(default=None, metadata={"help": "model name reported by /v1/models"})
+    weight_version: str = field(default="default", metadata={"help": "the served weights' version, in each response's meta_info and /get_weight_version; updates of weights may change it (unset: 'default', as SGLang names it)"})
     # ----- the server's security (docs/SECURITY.md) -----
     api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on every route but /health (or set RADIXRT_API_KEY)"})
     admin_api_key: str | None = field(default=None, metadata={"help": "a separate key for /flush_cache and /abort_request (or set RADIXRT_ADMIN_API_KEY)"})

@@ -54,6 +54,7 @@ from radixrt.model.llama import (
 from radixrt.model.moe import is_moe
 from radixrt.model.parallel import SINGLE
 from radixrt.model.pooling import Pooling, matryoshka, read_pooling
+from radixrt.model.reload import check_same_model, copy_parameters
 
 if TYPE_CHECKING:
     from radixrt.distributed.world import TPWorld
@@ -195,21 +196,9 @@ class ModelRunner:
             keep_freed_memory()
             cpu_kernels.load()  # compiled on the first run ever (about 50 s), then loaded from the cache
         self.context_length = int(context_length or self.config.max_position_embeddings)
-        # Parameters are created with torch.empty, so building the modules costs no initialisation.
-        with torch.device(self.device):
-            self.model = model_class(self.config)(self.config, max_positions=self.context_length, tp=tp)
-            if self.classifier:
-                self.model.add_classifier(self.config.num_labels)
-            elif self.embedding_only:
-                self.model.drop_head()
+        self.tp, self.quantization, self.model_overrides = tp, quantization, model_overrides
+        self.model, self.packed_linears = self._build_model(self.model_path, self.device, self.device.type == "cpu")
         self.long_rope_from = long_rope_from(self.model)  # forward batches map positions to its rotary rows
-        self.model.fp8_scheme = fp8_scheme(self.config, quantization)
-        self.model.load_weights(text_model_tensors(iterate_safetensors(self.model_path)))
-        self.model.to(self.dtype)
-        self.model.eval()
-        self.packed_linears = self.model.pack_linear_weights(deterministic) if self.device.type == "cpu" else 0
-        self.model.dequantize_fp8_weights()  # those no fp8 kernel runs here (on CUDA all)
-        self.model.bind_attributes()  # the model is final: its weights are read as plain attributes
         self.adapters: Adapters | None = None
         if enable_lora or lora_adapters:
             if is_moe(self.config):
@@ -254,6 +243,43 @@ class ModelRunner:
         if graph_factory is not None:
             self._capture_graphs(graph_factory, cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS)
         self.load_seconds = time.perf_counter() - started
+
+    def _build_model(self, model_path: Path, device: torch.device, pack: bool):
+        """The served model with the weights of ``model_path``, ready to run (``pack``: its linear layers packed for
+        this CPU's kernels); returns it and how many weights were packed."""
+        config = self.config
+        # Parameters are created with torch.empty, so building the modules costs no initialisation.
+        with torch.device(device):
+            model = model_class(config)(config, max_positions=self.context_length, tp=self.tp)
+            if self.classifier:
+                model.add_classifier(config.num_labels)
+            elif self.embedding_only:
+                model.drop_head()
+        model.fp8_scheme = fp8_scheme(config, self.quantization)
+        model.load_weights(text_model_tensors(iterate_safetensors(model_path)))
+        model.to(self.dtype)
+        model.eval()
+        packed = model.pack_linear_weights(self.deterministic) if pack else 0
+        model.dequantize_fp8_weights()  # those no fp8 kernel runs here (on CUDA all)
+        model.bind_attributes()  # the model is final: its weights are read as plain attributes
+        return model, packed
+
+    def update_weights(self, model_path: Path) -> None:
+        """Serve the weights of ``model_path`` from the next forward on (radixrt.model.reload says how). A
+        ``ValueError`` (or the loader's error) leaves the served weights as they were."""
+        if self.world is not None:
+            raise ValueError("weights cannot be updated under tensor parallelism (--tp-size > 1) yet")
+        check_same_model(self.config, load_config(model_path, self.model_overrides))
+        started = time.perf_counter()
+        in_place = self.packed_linears == 0
+        model, _ = self._build_model(model_path, torch.device("cpu"), pack=not in_place)
+        if in_place:  # the graphs replay the served tensors: the new values go into them
+            copy_parameters(self.model, model)
+        else:
+            self.model = model
+        self.model_path = Path(model_path)
+        logger.info("weights of %s loaded %s in %.1f s", model_path, "in place" if in_place else "and swapped in",
+                    time.perf_counter() - started)
 
     def _warm_up(self) -> None:
         """Compile and autotune the kernels of prefill, extend and decode now, not on the first requests: a few

@@ -91,6 +91,14 @@ def _download_from_hub(repo_id: str) -> Path:
     return Path(folder)
 
 
+def resolve_update_path(model: str) -> Path:
+    """``resolve_model_path`` for an update of the served weights: however it fails, a ``ModelNotFoundError``."""
+    try:
+        return resolve_model_path(model)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(str(exc)) from exc
+
+
 def resolve_adapter_path(path: str) -> Path:
     """A LoRA adapter's local folder, or a hub id fetched into the Hugging Face cache. Torch-free, so a server can
     fetch an adapter before its scheduler loads it (a download never holds up the scheduler's steps)."""

@@ -129,6 +129,7 @@ class ReqDelta(msgspec.Struct):
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     embedding: list[float] | None = None  # an embedding request's vector, with its finish
+    weight_version: str | None = None  # with its finish: the version of the weights served then
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):
@@ -271,10 +272,60 @@ class LoraAdaptersOut(msgspec.Struct, tag=True):
     loaded: dict[str, str]  # every loaded adapter's name -> path, after the call
 
 
+PauseMode = Literal["abort", "retract", "in_place"]
+
+
+class PauseReq(msgspec.Struct, tag=True):
+    """SGLang's /pause_generation: no step runs until ``ContinueReq``; requests that arrive meanwhile wait.
+    ``abort``: every request in flight ends (aborted); ``retract``: running requests go back to the queue, their
+    pages freed (computed again after the pause); ``in_place``: they keep their pages."""
+
+    mode: PauseMode = "abort"
+
+
+class ContinueReq(msgspec.Struct, tag=True):
+    """SGLang's /continue_generation."""
+
+
+class PauseOut(msgspec.Struct, tag=True):
+    paused: bool  # after the call
+    requests: int  # the requests the call aborted (pause in mode abort) or retracted (retract); else 0
+
+
+class UpdateWeightsReq(msgspec.Struct, tag=True):
+    """SGLang's /update_weights_from_disk: serve the weights of the checkpoint at ``model_path`` (a local folder: the
+    caller resolves hub ids), the same model with other weights. It waits until the requests already in flight
+    have finished (``abort_all_requests``: aborts them) and holds new ones until it is done; paused, it runs at
+    once. ``flush_cache``: drop the prefix cache, computed with the old weights (SGLang's default)."""
+
+    model_path: str
+    abort_all_requests: bool = False
+    weight_version: str | None = None  # the new weights' version (else the version stays)
+    flush_cache: bool = True
+
+
+class WeightVersionReq(msgspec.Struct, tag=True):
+    """The served weights' version (SGLang's /get_weight_version); with ``new_version`` set it first becomes that
+    (/update_weight_version), after aborting every request with ``abort_all_requests``."""
+
+    new_version: str | None = None
+    abort_all_requests: bool = False
+
+
+class WeightsOut(msgspec.Struct, tag=True):
+    """The served weights after a weights call: where they were read from and their version."""
+
+    model_path: str
+    weight_version: str
+    message: str = ""
+    aborted: int = 0  # requests the call aborted (``abort_all_requests``)
+
+
 Control = Union[StatsReq, FlushCacheReq, OpenSessionReq, CloseSessionReq, StartProfileReq, StopProfileReq,
-                ProfileStateReq, LoadLoraReq, UnloadLoraReq]
+                ProfileStateReq, LoadLoraReq, UnloadLoraReq, PauseReq, ContinueReq, UpdateWeightsReq,
+                WeightVersionReq]
 ControlReply = Union[StatsOut, FlushCacheOut, OpenSessionOut, CloseSessionOut, ProfileOut, ProfileStateOut,
-                     LoraAdaptersOut]
+                     LoraAdaptersOut, PauseOut, WeightsOut]
 
 
 class ControlReq(msgspec.Struct, tag=True):

@@ -54,7 +54,8 @@ DEDUP_MIN_TOKENS = 32
 
 
 RETRACTION_REASONS = {"memory": "under memory pressure", "preempted": "for a more urgent request",
-                      "long_rope": "to compute it again with the long rotary frequencies"}
+                      "long_rope": "to compute it again with the long rotary frequencies",
+                      "paused": "while generation is paused"}
 
 
 class Admission:
@@ -79,7 +80,7 @@ class Admission:
         its priority), to be computed again, mostly from the cache. ``reason``: ``memory`` (memory pressure: admission
         reserves more room for future decodes), ``preempted`` (for a more urgent request: that says nothing about
         memory) or ``long_rope`` (its sequence outgrew a LongRoPE model's original context: computed again with the
-        long frequencies)."""
+        long frequencies) or ``paused`` (a pause in mode retract)."""
         if not req.input_logprobs_sent:  # its prompt is computed again from the first logprob position on
             req.input_logprobs.clear()
             req.input_top_logprobs.clear()
@@ -90,7 +91,7 @@ class Admission:
         elif reason == "memory":
             self.num_retractions += 1
             self.new_token_ratio = min(1.0, self.new_token_ratio + RETRACT_RATIO_STEP)
-        else:
+        elif reason == "long_rope":
             self.num_long_rope_restarts += 1
         self.waiting.insert(0, req)
         logger.info("retracted %s (%d outputs) %s", req.rid, len(req.output_ids), RETRACTION_REASONS[reason])

@@ -1,6 +1,7 @@
 """Control calls: the scheduler's answer to each ``ControlReq``, between steps, on the scheduler's thread.
 
-``answer`` looks the request's type up in ``HANDLERS`` and wraps the result in a ``ControlOut`` with the
+``answer`` looks the request's type up in ``HANDLERS`` (an update of weights is answered once its turn comes:
+radixrt.scheduler.weights) and wraps the result in a ``ControlOut`` with the
 request's id (the client matches it to its caller by that id). A ``RequestError`` is the caller's fault (400,
 404 or 409 for its kinds ``NotFound``, ``Conflict``);
 any other error is a failure (500), logged here. A control call reaches the scheduler in its inbox, so it sees
@@ -25,8 +26,10 @@ from radixrt.protocol.messages import (
     FlushCacheReq,
     LoadLoraReq,
     LoraAdaptersOut,
+    ContinueReq,
     OpenSessionOut,
     OpenSessionReq,
+    PauseReq,
     ProfileOut,
     ProfileStateOut,
     ProfileStateReq,
@@ -35,7 +38,10 @@ from radixrt.protocol.messages import (
     StatsReq,
     StopProfileReq,
     UnloadLoraReq,
+    UpdateWeightsReq,
+    WeightVersionReq,
 )
+from radixrt.scheduler import weights
 
 if TYPE_CHECKING:
     from radixrt.scheduler.scheduler import Scheduler
@@ -86,7 +92,8 @@ def _unload_lora(scheduler: Scheduler, req: UnloadLoraReq) -> LoraAdaptersOut:
 HANDLERS: dict[type, Callable[[Any, Any], Any]] = {
     StatsReq: _stats, FlushCacheReq: _flush, OpenSessionReq: _open_session, CloseSessionReq: _close_session,
     StartProfileReq: _start_profile, StopProfileReq: _stop_profile, ProfileStateReq: _profile_state,
-    LoadLoraReq: _load_lora, UnloadLoraReq: _unload_lora,
+    LoadLoraReq: _load_lora, UnloadLoraReq: _unload_lora, PauseReq: weights.pause,
+    ContinueReq: weights.resume, UpdateWeightsReq: weights.update, WeightVersionReq: weights.weight_version,
 }
 
 

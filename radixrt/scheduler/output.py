@@ -56,6 +56,7 @@ class OutputProcessor:
         self.jump_forwards = 0
         self.jump_forward_tokens = 0  # output tokens jump-forward added, net
         self.speculator: Speculator | None = None  # set by the scheduler when speculative decoding is on
+        self.weight_version: str | None = None  # the served weights' (scheduler/weights.py), on each last delta
 
     def process(self, plan: Plan, logits_rows: tuple[torch.Tensor, ...],
                 hidden_rows: tuple[torch.Tensor, ...] | None = None) -> list[Req]:
@@ -270,8 +271,10 @@ class OutputProcessor:
                 delta.spec_verify_ct = req.spec.verify_steps
                 delta.spec_draft_tokens = req.spec.drafted
                 delta.spec_accepted_tokens = req.spec.accepted
-            if req.finish_reason is not None and req.embedding is not None:
-                delta.embedding = req.embedding
+            if req.finish_reason is not None:
+                delta.weight_version = self.weight_version
+                if req.embedding is not None:
+                    delta.embedding = req.embedding
             if req.num_sent == 0 and not req.input_logprobs_sent:
                 delta.stop = req.params.stop
                 delta.stop_regex = req.params.stop_regex

@@ -6,7 +6,7 @@ Its parts, each with its own contract: ``admission`` (the waiting queue, policy 
 ``sessions`` (open sessions, ``session_params``, each session's pin on its latest context in the cache),
 ``overlap`` (decode step N+1 launched before step N's tokens are read back; on CUDA by default), ``speculation``
 (draft tokens verified in the same forward; ``drafts`` finds them), ``control`` (the answers to control calls:
-stats, flush, sessions, profiling).
+stats, flush, sessions, profiling), ``weights`` (pauses and updates of weights: the gate that holds new requests).
 This module takes messages in (``submit``, drained at the start of each step: requests, aborts and control
 calls, whose replies go to the sink like the token deltas), runs the step loop, moves requests between the
 queues and keeps the counters behind ``stats`` (``reporting`` assembles them and the log line).
@@ -44,6 +44,7 @@ from radixrt.protocol.messages import (
     GenerateReq,
     ReqDelta,
     SchedulerStats,
+    UpdateWeightsReq,
 )
 from radixrt.protocol.validation import validate_kind, validate_request
 from radixrt.scheduler.admission import Admission
@@ -59,6 +60,7 @@ from radixrt.scheduler.reporting import collect_stats, log_progress
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.sessions import Sessions
 from radixrt.scheduler.speculation import Speculator
+from radixrt.scheduler.weights import Gate, begin_update, update_due
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -115,6 +117,8 @@ class Scheduler:
             self.speculator = Speculator(args, self.cache, self.memory, self.context_length, runner.long_rope_from)
             self.output.speculator = self.speculator
         self.inbox: deque[GenerateReq | AbortReq | ControlReq] = deque()
+        self.gate = Gate(args.weight_version)  # pauses and updates of weights (scheduler/weights.py)
+        self.output.weight_version = args.weight_version
         self.running: list[Req] = []
         overlap_here = args.enable_overlap_schedule or runner.device.type == "cuda"
         # A verify step's tokens decide the next step's input: speculation steps one at a time.
@@ -175,11 +179,17 @@ class Scheduler:
         while self.inbox:
             msg = self.inbox.popleft()
             if isinstance(msg, GenerateReq):
-                self._add_request(msg)
+                if self.gate.closed:
+                    self.gate.held.append(msg)
+                else:
+                    self._add_request(msg)
             elif isinstance(msg, AbortReq):
                 self._abort(msg.rid)
             elif isinstance(msg, ControlReq):
-                self.sink(answer(self, msg))
+                if isinstance(msg.body, UpdateWeightsReq) and self.gate.pending is None:
+                    begin_update(self, msg)  # answered once its turn comes (_step)
+                else:
+                    self.sink(answer(self, msg))
 
     def _add_request(self, msg: GenerateReq) -> None:
         seed = self._seeds.getrandbits(63)
@@ -190,11 +200,11 @@ class Scheduler:
             req = Req.from_message(msg, seed, self.runner.device, lora.adapter_uid(self.runner, msg.lora_path),
                                    self.runner.long_rope_from, self.runner.pooling)
         except RequestError as exc:
-            self._refuse(msg, FinishReason.error(str(exc), status_of(exc)))
+            self.refuse(msg, FinishReason.error(str(exc), status_of(exc)))
             return
         except Exception as exc:  # e.g. a seed the generator refuses: this request's error only
             logger.exception("could not take in request %s", msg.rid)
-            self._refuse(msg, FinishReason.error(f"invalid request: {exc!r}", 400))
+            self.refuse(msg, FinishReason.error(f"invalid request: {exc!r}", 400))
             return
         req.arrival = time.monotonic()
         if msg.session is not None:
@@ -217,11 +227,16 @@ class Scheduler:
             return
         self.waiting.append(req)
 
-    def _refuse(self, msg: GenerateReq, reason: FinishReason) -> None:
+    def refuse(self, msg: GenerateReq, reason: FinishReason) -> None:
         self.sink(BatchTokenOut([ReqDelta(rid=msg.rid, new_ids=[], finish_reason=reason,
-                                          prompt_tokens=len(msg.input_ids))]))
+                                          prompt_tokens=len(msg.input_ids),
+                                          weight_version=self.gate.weight_version)]))
 
     def _abort(self, rid: str) -> None:
+        held = self.gate.drop_held(rid)
+        if held is not None:
+            self.refuse(held, FinishReason.aborted())
+            return
         for queue in (self.waiting, self.running):
             for req in queue:
                 if req.rid == rid:
@@ -257,7 +272,11 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return not (self.inbox or self.waiting or self.running or self.launched)
+        """Nothing to do until a message arrives (paused: nothing can progress before one does)."""
+        if self.inbox or self.launched:
+            return False
+        gate = self.gate
+        return gate.paused is not None or not (self.waiting or self.running or gate.pending or gate.held)
 
     # ----- one step -----------------------------------------------------------------------------------
 
@@ -288,6 +307,12 @@ class Scheduler:
             return True
         had_messages = bool(self.inbox)
         self._take_inbox()
+        update = update_due(self)
+        if update is not None:
+            self.sink(answer(self, update))
+            return True
+        if self.gate.paused is not None:
+            return had_messages
         for req in self.admission.drop_failed_grammars():
             self.sessions.ended(req.rid)
             self.output.emit([req])

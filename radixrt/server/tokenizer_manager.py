@@ -125,7 +125,7 @@ class TokenizerManager:
 
     @property
     def model_info(self) -> dict[str, Any]:
-        return dict(self.ready.model_info)
+        return {**self.ready.model_info, **self.client.weights_info}
 
     @property
     def context_length(self) -> int:

@@ -1,0 +1,58 @@
+"""New weights for the served model without a restart (SGLang's ``update_weights_from_disk``).
+
+The new checkpoint must be the served model with other weights: its config, read as the served one is
+(``--json-model-override-args`` applied), equals the served config but for ``METADATA``, fields that cannot change a
+forward (names, versions, the dtype it was saved in, special token ids). The tokenizer, the chat template and the
+ids that end generation stay those loaded at start.
+
+``ModelRunner.update_weights`` builds a complete model from the new checkpoint first, so a failure (no such folder,
+a tensor missing or of another shape, another config) leaves the served weights as they were. Then the new weights
+take the old ones' place:
+
+- where the served model holds plain tensors only (CUDA; a CPU with packed linear layers turned off),
+  ``copy_parameters`` copies each parameter into the served one: CUDA graphs captured over those tensors stay
+  valid, and the new model is built in host memory, so the device needs no room for a second copy;
+- where linear layers are packed for the CPU's kernels, the new model replaces the old one (host memory holds both
+  while it is built).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Config fields that cannot change what a forward computes.
+METADATA = frozenset({
+    "_name_or_path", "_model_name_or_path", "_commit_hash", "transformers_version", "dtype", "torch_dtype",
+    "use_cache", "output_attentions", "output_hidden_states", "return_dict", "bos_token_id", "eos_token_id",
+    "pad_token_id",
+})
+
+
+def check_same_model(served, new) -> None:
+    """A ``ValueError`` naming the fields where config ``new`` differs from ``served`` (``METADATA`` aside)."""
+    old_fields, new_fields = served.to_dict(), new.to_dict()
+    differ = sorted(k for k in (old_fields.keys() | new_fields.keys()) - METADATA
+                    if old_fields.get(k) != new_fields.get(k))
+    if differ:
+        shown = ", ".join(f"{k}: {old_fields.get(k)!r} -> {new_fields.get(k)!r}" for k in differ[:4])
+        more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+        raise ValueError(f"the new checkpoint is not the served model with other weights: its config differs in "
+                         f"{shown}{more}; start a server for another model instead")
+
+
+def copy_parameters(served: torch.nn.Module, new: torch.nn.Module) -> int:
+    """Copy every parameter of ``new`` into the same parameter of ``served`` (any device), after checking that both
+    have the same parameters with the same shapes and dtypes; returns how many were copied."""
+    pairs = list(zip(served.named_parameters(), new.named_parameters()))
+    served_names = [name for name, _ in served.named_parameters()]
+    new_names = [name for name, _ in new.named_parameters()]
+    if served_names != new_names:
+        raise ValueError(f"the new model's parameters differ: {sorted(set(served_names) ^ set(new_names))[:4]}")
+    for (name, old), (_, value) in pairs:
+        if old.shape != value.shape or old.dtype != value.dtype:
+            raise ValueError(f"parameter {name}: {tuple(value.shape)} {value.dtype} where the served model has "
+                             f"{tuple(old.shape)} {old.dtype}")
+    with torch.no_grad():
+        for (_, old), (_, value) in pairs:
+            old.copy_(value)
+    return len(pairs)

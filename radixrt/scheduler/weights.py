@@ -1,0 +1,181 @@
+"""Pauses and weight updates between steps: SGLang's /pause_generation, /continue_generation,
+/update_weights_from_disk and /update_weight_version, as the scheduler serves them (for the Engine and the server
+alike, since both reach it through control calls).
+
+``Gate`` holds the state. While it is closed, requests that arrive are held, in arrival order, and taken in when it
+opens again; aborts and control calls are served as always. It closes for:
+
+- a pause (``PauseReq``): no step runs until ``ContinueReq``. Mode ``abort`` ends every request the scheduler
+  holds (aborted); ``retract`` sends running requests back to the queue with their pages released (they are
+  computed again after the pause, from the cache where it still holds their prefix); ``in_place`` keeps them as
+  they are, pages and all.
+- an update of weights (``UpdateWeightsReq``): it waits until every request that arrived before it has finished
+  (``abort_all_requests``: aborts them), so no request runs partly on each set of weights, and runs at once while
+  paused. It loads the new weights (``ModelRunner.update_weights``: the served ones stay on any failure, which is
+  the caller's 400) and, with ``flush_cache`` (the default), drops the prefix cache and the sessions' pins: their
+  pages hold keys and values of the old weights. Requests paused in place hold such pages too: an update that
+  would flush is refused (409) while they do.
+
+``weight_version`` names the served weights (``--weight-version`` at start, then each update's or
+``WeightVersionReq``'s); every request's last delta carries it (``meta_info["weight_version"]``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from radixrt.protocol.errors import Conflict, RequestError
+from radixrt.protocol.messages import (
+    ContinueReq,
+    ControlReq,
+    FinishReason,
+    GenerateReq,
+    PauseOut,
+    PauseReq,
+    UpdateWeightsReq,
+    WeightsOut,
+    WeightVersionReq,
+)
+
+if TYPE_CHECKING:
+    from radixrt.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger("radixrt.scheduler")
+
+
+class Gate:
+    def __init__(self, weight_version: str) -> None:
+        self.paused: str | None = None  # the pause's mode while paused
+        self.pending: ControlReq | None = None  # an update of weights waiting for the requests in flight
+        self.aborted = 0  # the requests the waiting update aborted
+        self.held: deque[GenerateReq] = deque()
+        self.weight_version = weight_version
+
+    @property
+    def closed(self) -> bool:
+        return self.paused is not None or self.pending is not None
+
+    def drop_held(self, rid: str) -> GenerateReq | None:
+        for msg in self.held:
+            if msg.rid == rid:
+                self.held.remove(msg)
+                return msg
+        return None
+
+
+def abort_all(scheduler: Scheduler) -> int:
+    """End every request the scheduler holds (waiting, running, held), as aborted; returns how many."""
+    reqs = scheduler.waiting + scheduler.running
+    scheduler.waiting.clear()
+    scheduler.running.clear()
+    for req in reqs:
+        scheduler.memory.release(req)
+        scheduler.sessions.ended(req.rid)
+        req.finish_reason = FinishReason.aborted()
+    if reqs:
+        scheduler.output.emit(reqs)
+    held = list(scheduler.gate.held)
+    scheduler.gate.held.clear()
+    for msg in held:
+        scheduler.refuse(msg, FinishReason.aborted())
+    return len(reqs) + len(held)
+
+
+def pause(scheduler: Scheduler, req: PauseReq) -> PauseOut:
+    if req.mode not in ("abort", "retract", "in_place"):
+        raise RequestError(f"unknown pause mode {req.mode!r}; choose abort, retract or in_place")
+    touched = 0
+    if req.mode == "abort":
+        touched = abort_all(scheduler)
+    elif req.mode == "retract":
+        for running in list(scheduler.running):
+            scheduler.memory.release(running)
+            scheduler.running.remove(running)
+            scheduler.admission.take_back(running, "paused")
+            touched += 1
+    scheduler.gate.paused = req.mode
+    logger.info("generation paused (%s): %d requests %s", req.mode, touched,
+                {"abort": "aborted", "retract": "retracted"}.get(req.mode, "kept in place"))
+    return PauseOut(paused=True, requests=touched)
+
+
+def resume(scheduler: Scheduler, req: ContinueReq | None = None) -> PauseOut:
+    gate = scheduler.gate
+    if gate.paused is not None:
+        gate.paused = None
+        logger.info("generation continues")
+    if gate.pending is None:
+        release_held(scheduler)
+    return PauseOut(paused=False, requests=0)
+
+
+def release_held(scheduler: Scheduler) -> None:
+    """The gate is open: held requests are taken in next, before anything that arrived after them."""
+    held = scheduler.gate.held
+    scheduler.inbox.extendleft(reversed(held))
+    held.clear()
+
+
+def begin_update(scheduler: Scheduler, msg: ControlReq) -> None:
+    """An update of weights arrived: it waits until the requests in flight are done (``abort_all_requests``: they
+    are aborted now)."""
+    gate = scheduler.gate
+    gate.aborted = abort_all(scheduler) if msg.body.abort_all_requests else 0
+    gate.pending = msg
+
+
+def update_due(scheduler: Scheduler) -> ControlReq | None:
+    """The waiting update, taken off the gate, once it may run: paused, or every request that arrived before it
+    has finished. Its answer opens the gate (``update`` runs it)."""
+    gate = scheduler.gate
+    if gate.pending is None or not (gate.paused is not None or not (
+            scheduler.running or scheduler.waiting or scheduler.launched)):
+        return None
+    msg, gate.pending = gate.pending, None
+    return msg
+
+
+def update(scheduler: Scheduler, req: UpdateWeightsReq) -> WeightsOut:
+    """Load the new weights: the waiting update's turn has come. Another arriving while one waits: a 409."""
+    gate = scheduler.gate
+    if gate.pending is not None:
+        raise Conflict("another update of weights is waiting for the requests in flight; retry when it is done")
+    try:
+        if req.flush_cache and scheduler.running:
+            raise Conflict(f"{len(scheduler.running)} requests paused in place hold pages computed with the served "
+                           "weights: pause with mode retract or abort first, or update with flush_cache false")
+        try:
+            scheduler.runner.update_weights(Path(req.model_path))
+        except (ValueError, OSError, KeyError) as exc:  # the checkpoint cannot replace the served weights
+            if isinstance(exc, RequestError):
+                raise
+            raise RequestError(str(exc)) from exc
+    finally:
+        if gate.paused is None:
+            release_held(scheduler)
+    if req.flush_cache:
+        scheduler.sessions.unpin_all()
+        scheduler.cache.reset()
+    if req.weight_version is not None:
+        set_version(scheduler, req.weight_version)
+    logger.info("weights updated from %s (version %s)", req.model_path, gate.weight_version)
+    return WeightsOut(model_path=req.model_path, weight_version=gate.weight_version, aborted=gate.aborted,
+                      message="Succeeded to update model weights." + (" Cache flushed." if req.flush_cache else ""))
+
+
+def weight_version(scheduler: Scheduler, req: WeightVersionReq) -> WeightsOut:
+    aborted = 0
+    if req.new_version is not None:
+        if req.abort_all_requests:
+            aborted = abort_all(scheduler)
+        set_version(scheduler, req.new_version)
+    return WeightsOut(model_path=str(scheduler.runner.model_path), weight_version=scheduler.gate.weight_version,
+                      aborted=aborted)
+
+
+def set_version(scheduler: Scheduler, version: str) -> None:
+    scheduler.gate.weight_version = scheduler.output.weight_version = version
+    logger.info("weight version %s", version)

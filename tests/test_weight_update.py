@@ -1,0 +1,295 @@
+"""Updates of weights without a restart, pauses and weight versions (SGLang's ``update_weights_from_disk``,
+``pause_generation`` / ``continue_generation``, ``update_weight_version``) through the runner and the Engine: the new
+weights give transformers' tokens on them, the cache computed with the old ones is dropped, requests in flight
+finish on the weights they started with while later ones wait, a failed update leaves the served weights serving.
+The HTTP routes: tests/test_weight_update_server.py."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+import torch
+
+import radixrt
+from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.model.runner import ModelRunner
+from tiny_models import save_tiny_model
+
+PROMPTS = ["The capital of Italy is Rome. The capital of Germany is Berlin. The capital of Japan is Tokyo. The "
+           "capital of France is", "Once upon a time, there"]
+GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+
+
+def perturbed_checkpoint(source, folder, scale: float = 0.1, seed: int = 0):
+    """``source``'s checkpoint with every tensor moved by seeded noise of ``scale`` times its spread, in bf16: the
+    same model with other weights, as a fine-tuning step leaves it."""
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        if file.suffix != ".safetensors":
+            shutil.copy(file, folder)
+    generator = torch.Generator().manual_seed(seed)
+    for file in source.glob("*.safetensors"):
+        tensors = load_file(file)
+        moved = {name: (t.float() + scale * t.float().std() * torch.randn(t.shape, generator=generator))
+                 .to(torch.bfloat16) for name, t in tensors.items()}  # stored in bf16, as trainers save them
+        save_file(moved, folder / file.name, metadata={"format": "pt"})
+    return folder
+
+
+def wait_until(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.005)
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    """transformers' greedy tokens (its KV cache on; eos does not stop it, as under ``ignore_eos``)."""
+    out, cache, step = [], None, torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(n):
+            result = model(step, cache=cache, use_cache=True)
+            cache = result.past_key_values
+            out.append(int(result.logits[0, -1].argmax()))
+            step = torch.tensor([[out[-1]]])
+    return out
+
+
+# ----- the runner -----------------------------------------------------------------------------------------
+
+
+def _logits(runner: ModelRunner) -> torch.Tensor:
+    prompts = [[3, 9, 27, 81, 5, 15], [7, 14, 28, 56]]
+    pages = [[0, 1], [2]]
+    batch = ForwardBatch.build([SeqChunk(p, 0, pg) for p, pg in zip(prompts, pages)], 4)
+    return runner.forward(batch).clone()
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed-swapped", "plain-in-place"])
+@pytest.mark.parametrize("family", ["llama", "phi3", "qwen3-moe"])
+def test_runner_update_equals_a_runner_loaded_from_the_new_weights(tmp_path, monkeypatch, family, packed):
+    """Packed linear layers: the new model replaces the old. Plain tensors (CUDA; packing off): the new values are
+    copied into the served tensors, which keep their addresses (the decode graphs replay them)."""
+    if not packed:
+        monkeypatch.setenv("RADIXRT_DISABLE_PACKED_LINEAR", "1")
+    save_tiny_model(family, tmp_path / "old", seed=0)
+    save_tiny_model(family, tmp_path / "new", seed=1)
+    runner = ModelRunner(tmp_path / "old", dtype="float32", page_size=4, num_pages=16)
+    fresh = ModelRunner(tmp_path / "new", dtype="float32", page_size=4, num_pages=16)
+    assert (runner.packed_linears > 0) == packed
+    before = _logits(runner)
+    served = runner.model
+    addresses = {name: p.data_ptr() for name, p in served.named_parameters()}
+    runner.update_weights(tmp_path / "new")
+    after = _logits(runner)
+    assert not torch.allclose(before, after)
+    assert torch.equal(after, _logits(fresh))
+    assert runner.model_path == tmp_path / "new"
+    if packed:
+        assert runner.model is not served
+    else:
+        assert runner.model is served
+        assert {name: p.data_ptr() for name, p in served.named_parameters()} == addresses
+
+
+def test_runner_refuses_another_model_and_keeps_its_weights(tmp_path):
+    save_tiny_model("llama", tmp_path / "old", seed=0)
+    save_tiny_model("qwen3", tmp_path / "other", seed=0)
+    runner = ModelRunner(tmp_path / "old", dtype="float32", page_size=4, num_pages=16)
+    before = _logits(runner)
+    with pytest.raises(ValueError, match="not the served model with other weights.*(model_type|architectures)"):
+        runner.update_weights(tmp_path / "other")
+    # the same config, a tensor missing: the loader's error, raised before anything changed
+    shutil.copytree(tmp_path / "old", tmp_path / "partial")
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tmp_path / "old" / "model.safetensors")
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, tmp_path / "partial" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="filled"):
+        runner.update_weights(tmp_path / "partial")
+    with pytest.raises(OSError):
+        runner.update_weights(tmp_path / "nowhere")
+    assert torch.equal(_logits(runner), before)
+    assert runner.model_path == tmp_path / "old"
+
+
+# ----- the Engine -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tuned_path(tmp_path_factory, default_model_path):
+    return perturbed_checkpoint(default_model_path, tmp_path_factory.mktemp("tuned"))
+
+
+@pytest.fixture(scope="module")
+def references(hf_model, tuned_path, tokenizer):
+    """transformers' greedy tokens for each prompt on the served weights and on the tuned ones."""
+    from transformers import AutoModelForCausalLM
+
+    tuned = AutoModelForCausalLM.from_pretrained(tuned_path, dtype=torch.float32).eval()
+    ids = [tokenizer.encode(p) for p in PROMPTS]
+    n = GREEDY["max_new_tokens"]
+    long_old = hf_greedy(hf_model, ids[0], 24)  # greedy: its first n tokens are the short run's
+    old = [long_old[:n]] + [hf_greedy(hf_model, i, n) for i in ids[1:]]
+    new = [hf_greedy(tuned, i, n) for i in ids]
+    assert old != new  # the update must show in the tokens
+    return {"old": old, "new": new, "long_old": long_old}
+
+
+@pytest.fixture
+def engine(default_model_path):
+    with radixrt.Engine(dtype="float32", log_interval=0, debug_checks=True, kv_memory_gb=0.3) as eng:
+        yield eng
+
+
+def _tokens(engine) -> list[list[int]]:
+    return [o["output_ids"] for o in engine.generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.model
+def test_update_serves_the_new_weights_and_drops_the_cache(engine, tuned_path, default_model_path, references):
+    assert _tokens(engine) == references["old"]
+    assert engine.generate(PROMPTS[0], GREEDY)["meta_info"]["cached_tokens"] > 0
+    ok, message, paused = engine.update_weights_from_disk(str(tuned_path), weight_version="step-1")
+    assert ok, message
+    assert "Succeeded" in message and paused == 0
+    first = engine.generate(PROMPTS[0], GREEDY)
+    assert first["meta_info"]["cached_tokens"] == 0  # the old weights' pages were dropped
+    assert first["meta_info"]["weight_version"] == "step-1"
+    assert _tokens(engine) == references["new"]
+    info = engine.get_model_info()
+    assert info["model_path"] == str(tuned_path) and info["weight_version"] == "step-1"
+    assert engine.get_weight_version() == "step-1"
+    # and back, keeping the cache as asked: the first prompt's pages, computed with the tuned weights, are read
+    ok, message, _ = engine.update_weights_from_disk(str(default_model_path), flush_cache=False)
+    assert ok and "Cache flushed" not in message
+    assert engine.get_weight_version() == "step-1"  # no version given: it stays
+    stale, fresh = engine.generate(PROMPTS, GREEDY)
+    assert stale["meta_info"]["cached_tokens"] > 0
+    assert fresh["output_ids"] == references["old"][1]  # shorter than a page: never cached
+    assert engine.flush_cache()
+    assert _tokens(engine) == references["old"]
+    engine.scheduler.check()
+
+
+@pytest.mark.model
+def test_requests_in_flight_finish_on_their_weights_and_later_ones_wait(engine, tuned_path, references):
+    """SGLang's order: the update waits for the requests already sent; requests sent after it wait for it."""
+    long = {**GREEDY, "max_new_tokens": 24}
+    results: dict[str, object] = {}
+    first = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], long)))
+    first.start()
+    wait_until(lambda: engine.scheduler.running, "a running request")
+    update = threading.Thread(target=lambda: results.update(update=engine.update_weights_from_disk(str(tuned_path))))
+    update.start()
+    wait_until(lambda: engine.scheduler.gate.pending is not None, "the update to wait")
+    later = engine.generate(PROMPTS[1], GREEDY)  # held until the update is done
+    first.join()
+    update.join()
+    assert results["update"][0], results["update"]
+    assert results["first"]["output_ids"] == references["long_old"]
+    assert later["output_ids"] == references["new"][1]
+    engine.scheduler.check()
+
+
+@pytest.mark.model
+def test_abort_all_requests_ends_the_requests_in_flight(engine, tuned_path, references):
+    results: dict[str, object] = {}
+    long = {**GREEDY, "max_new_tokens": 200}
+    first = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], long)))
+    first.start()
+    wait_until(lambda: engine.scheduler.running, "a running request")
+    ok, message, _ = engine.update_weights_from_disk(str(tuned_path), abort_all_requests=True)
+    first.join()
+    assert ok, message
+    assert results["first"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert _tokens(engine) == references["new"]
+
+
+@pytest.mark.model
+def test_a_failed_update_keeps_serving_the_old_weights(engine, tmp_path, references):
+    save_tiny_model("llama", tmp_path / "tiny")
+    for path, load_format, expected in [(str(tmp_path / "nowhere"), None, "nowhere"),
+                                        (str(tmp_path / "tiny"), None, "not the served model"),
+                                        (str(tmp_path / "tiny"), "pt", "load_format")]:
+        ok, message, _ = engine.update_weights_from_disk(path, load_format=load_format)
+        assert not ok and expected in message, message
+    assert _tokens(engine) == references["old"]
+    assert engine.get_model_info()["weight_version"] == "default"
+
+
+@pytest.mark.model
+def test_pause_abort_holds_later_requests_until_continue(engine, references):
+    results: dict[str, object] = {}
+    first = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], {**GREEDY,
+                                                                                               "max_new_tokens": 200})))
+    first.start()
+    wait_until(lambda: engine.scheduler.running, "a running request")
+    engine.pause_generation("abort")
+    first.join()
+    assert results["first"]["meta_info"]["finish_reason"]["type"] == "abort"
+    later = threading.Thread(target=lambda: results.update(later=engine.generate(PROMPTS[1], GREEDY)))
+    later.start()
+    later.join(timeout=1.0)
+    assert later.is_alive() and len(engine.scheduler.gate.held) == 1  # paused: it waits
+    engine.continue_generation()
+    later.join()
+    assert results["later"]["output_ids"] == references["old"][1]
+    with pytest.raises(ValueError, match="pause mode"):
+        engine.pause_generation("sideways")
+
+
+@pytest.mark.model
+def test_pause_retract_frees_the_pages_and_continues(engine):
+    results: dict[str, object] = {}
+    params = {**GREEDY, "max_new_tokens": 40}
+    first = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], params)))
+    first.start()
+    wait_until(lambda: engine.scheduler.running, "a running request")
+    engine.pause_generation("retract")
+    scheduler = engine.scheduler
+    assert not scheduler.running and len(scheduler.waiting) == 1
+    assert scheduler.waiting[0].pages == [] and scheduler.waiting[0].num_retractions == 1
+    engine.continue_generation()
+    first.join()
+    out = results["first"]
+    assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == 40
+    scheduler.check()
+
+
+@pytest.mark.model
+def test_pause_in_place_keeps_pages_and_an_update_must_keep_the_cache(engine, tuned_path):
+    results: dict[str, object] = {}
+    params = {**GREEDY, "max_new_tokens": 40}
+    first = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], params)))
+    first.start()
+    wait_until(lambda: engine.scheduler.running, "a running request")
+    engine.pause_generation("in_place")
+    req = engine.scheduler.running[0]
+    computed, pages = req.num_computed, list(req.pages)
+    ok, message, _ = engine.update_weights_from_disk(str(tuned_path))  # would flush pages a request holds: 409
+    assert not ok and "paused in place" in message
+    assert engine.get_model_info()["model_path"] != str(tuned_path)
+    ok, message, _ = engine.update_weights_from_disk(str(tuned_path), flush_cache=False)
+    assert ok, message
+    assert req.num_computed == computed and req.pages == pages  # it waited where it was
+    engine.continue_generation()
+    first.join()
+    assert len(results["first"]["output_ids"]) == 40
+    engine.scheduler.check()
+
+
+@pytest.mark.model
+def test_weight_version_names_the_served_weights(engine):
+    assert engine.get_weight_version() == "default"
+    assert engine.generate(PROMPTS[0], GREEDY)["meta_info"]["weight_version"] == "default"
+    assert engine.update_weight_version("rollout-7") == "rollout-7"
+    assert engine.generate(PROMPTS[0], GREEDY)["meta_info"]["weight_version"] == "rollout-7"
+    assert engine.get_model_info()["weight_version"] == "rollout-7"
+
