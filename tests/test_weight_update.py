@@ -293,3 +293,50 @@ def test_weight_version_names_the_served_weights(engine):
     assert engine.generate(PROMPTS[0], GREEDY)["meta_info"]["weight_version"] == "rollout-7"
     assert engine.get_model_info()["weight_version"] == "rollout-7"
 
+
+# ----- the HTTP routes ------------------------------------------------------------------------------------
+
+SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.2", "--log-interval", "0", "--debug-checks"]
+
+
+def _generate(http, prompt: str) -> dict:
+    res = http.post("/generate", json={"text": prompt, "sampling_params": GREEDY})
+    assert res.status_code == 200, res.text
+    return res.json()
+
+
+@pytest.mark.model
+def test_http_routes_update_pause_and_name_the_weights(http, tuned_path, references):
+    assert http.get("/get_weight_version").json() == {"weight_version": "default"}
+    res = http.post("/update_weights_from_disk", json={"model_path": str(tuned_path), "weight_version": "v1"})
+    assert res.status_code == 200, res.text
+    answer = res.json()
+    assert answer["success"] is True and answer["num_paused_requests"] == 0 and "Succeeded" in answer["message"]
+    out = [_generate(http, p) for p in PROMPTS]
+    assert [o["output_ids"] for o in out] == references["new"]
+    assert out[0]["meta_info"]["weight_version"] == "v1"
+    info = http.get("/model_info").json()
+    assert info["model_path"] == str(tuned_path) and info["weight_version"] == "v1"
+    # refusals: SGLang's answer with success false, and the server keeps serving the weights it has
+    for body, status, words in [({"model_path": "/nowhere/at/all"}, 400, "nowhere"),
+                                ({"model_path": str(tuned_path), "is_async": True}, 400, "synchronously")]:
+        res = http.post("/update_weights_from_disk", json=body)
+        assert res.status_code == status and res.json()["success"] is False and words in res.json()["message"]
+    assert http.post("/update_weights_from_disk", json={"model_path": str(tuned_path),
+                                                        "load_format": "pt"}).status_code == 400
+    assert http.post("/pause_generation", json={"mode": "sideways"}).status_code == 400
+    # a pause holds a request until /continue_generation
+    assert http.post("/pause_generation", json={"mode": "abort"}).json() == {
+        "message": "Generation paused successfully.", "status": "ok"}
+    results: dict[str, dict] = {}
+    waiting = threading.Thread(target=lambda: results.update(out=_generate(http, PROMPTS[1])))
+    waiting.start()
+    waiting.join(timeout=1.0)
+    assert waiting.is_alive()
+    assert http.post("/continue_generation").json()["status"] == "ok"
+    waiting.join()
+    assert results["out"]["output_ids"] == references["new"][1]
+    res = http.post("/update_weight_version", json={"new_version": "v2"})
+    assert res.json() == {"success": True, "message": "Weight version updated to v2", "new_version": "v2"}
+    assert http.get("/get_weight_version").json() == {"weight_version": "v2"}
+    assert _generate(http, PROMPTS[1])["meta_info"]["weight_version"] == "v2"

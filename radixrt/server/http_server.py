@@ -1,7 +1,9 @@
 """The HTTP app: SGLang's native API and the OpenAI-compatible API over one TokenizerManager.
 
 Native:  POST /generate, GET /get_model_info, GET /get_server_info, GET|POST /flush_cache, POST /abort_request,
-         sessions, GET|POST /start_profile and /stop_profile (radixrt.server.native_routes); POST /tokenize,
+         sessions, GET|POST /start_profile and /stop_profile (radixrt.server.native_routes); LoRA loads
+         (radixrt.server.lora_routes); updates of weights, pauses, weight versions (radixrt.server.weights_routes);
+         POST /tokenize,
          /detokenize, also under /v1/ (radixrt.server.tokenize_routes)
 OpenAI:  POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model}
          (radixrt.server.openai_routes); POST /v1/embeddings (radixrt.server.embedding_routes); a classifier's
@@ -32,6 +34,7 @@ from radixrt.server.openai_routes import add_openai_routes
 from radixrt.server.ops_routes import add_ops_routes
 from radixrt.server.tokenize_routes import add_tokenize_routes
 from radixrt.server.tokenizer_manager import TokenizerManager
+from radixrt.server.weights_routes import add_weights_routes
 
 
 def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAPI:
@@ -39,6 +42,7 @@ def create_app(tm: TokenizerManager, health: Callable[[], str | None]) -> FastAP
     app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
     add_native_routes(app, tm)
     add_lora_routes(app, tm)
+    add_weights_routes(app, tm)
     add_ops_routes(app, tm, health)
     add_openai_routes(app, tm)
     add_embedding_routes(app, tm)

@@ -174,3 +174,55 @@ class LoadLoraBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class UnloadLoraBody(msgspec.Struct, forbid_unknown_fields=True):
     lora_name: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+Version = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class UpdateWeightsBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's /update_weights_from_disk (radixrt.scheduler.weights). ``load_format``: ``auto`` or
+    ``safetensors`` (what radixrt reads); ``torch_empty_cache``, ``recapture_cuda_graph`` and ``token_step`` change
+    nothing here (memory is returned as it goes; decode graphs read the updated tensors in place; the step is the
+    trainer's bookkeeping); ``is_async``, ``keep_pause`` and ``manifest`` are refused unless they ask for nothing."""
+
+    model_path: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    load_format: Literal["auto", "safetensors"] | None = None
+    abort_all_requests: bool = False
+    weight_version: Version | None = None
+    flush_cache: bool = True
+    is_async: bool = False
+    torch_empty_cache: bool = False
+    keep_pause: bool = False
+    recapture_cuda_graph: bool = False
+    token_step: int = 0
+    manifest: dict | None = None
+
+    def refusal(self) -> str | None:
+        """Why radixrt cannot serve this body as SGLang would, or None."""
+        if self.is_async:
+            return "is_async: radixrt updates weights synchronously (the call returns once they are served)"
+        if self.keep_pause:
+            return "keep_pause: pause with /pause_generation before the update instead (a pause outlasts it)"
+        if self.manifest is not None:
+            return "manifest: radixrt reads the checkpoint's safetensors files as they are"
+        return None
+
+
+class PauseBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's /pause_generation: ``abort`` ends the requests in flight, ``retract`` frees their pages (computed
+    again after the pause), ``in_place`` keeps them."""
+
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class ContinueBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's /continue_generation; ``torch_empty_cache`` changes nothing here."""
+
+    torch_empty_cache: bool = True
+
+
+class WeightVersionBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's /update_weight_version."""
+
+    new_version: Version
+    abort_all_requests: bool = False

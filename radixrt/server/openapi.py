@@ -33,10 +33,14 @@ from radixrt.server.native_protocol import (
     EncodeBody,
     GenerateBody,
     LoadLoraBody,
+    ContinueBody,
     OpenSessionBody,
+    PauseBody,
     StartProfileBody,
     TokenizeBody,
     UnloadLoraBody,
+    UpdateWeightsBody,
+    WeightVersionBody,
 )
 
 REF = "#/components/schemas/{name}"
@@ -115,8 +119,11 @@ BOUNDS: dict[str, dict[str, Any]] = {
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
 STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProfileBody, oai.CompletionRequest,
            oai.ChatCompletionRequest, TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, EncodeBody, oai.ClassifyRequest,
-           oai.ScoreRequest, oai.RerankRequest, oai.PairScoreRequest, LoadLoraBody, UnloadLoraBody, ErrorResponse]
+           oai.ScoreRequest, oai.RerankRequest, oai.PairScoreRequest, LoadLoraBody, UnloadLoraBody, UpdateWeightsBody, PauseBody,
+           ContinueBody, WeightVersionBody, ErrorResponse]
 
+UPDATE_ANSWER = {"type": "object", "required": ["success", "message", "num_paused_requests"], "properties": {
+    "success": {"type": "boolean"}, "message": {"type": "string"}, "num_paused_requests": {"type": "integer"}}}
 LORA_ANSWER = {"type": "object", "required": ["success", "loaded_adapters"], "properties": {
     "success": {"type": "boolean"}, "error_message": {"type": ["string", "null"]},
     "loaded_adapters": {"type": "object", "additionalProperties": {"type": "string"}}}}
@@ -388,6 +395,11 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         return {"summary": summary, "requestBody": _json_body(body),
                 "responses": {str(code): answer for code in (200, 400, 404, 409)}}
 
+    def optional_body(summary: str, body: str) -> dict[str, Any]:
+        return {**post(summary, body, json_ok, 400, 503), "requestBody": {**_json_body(body), "required": False}}
+
+    update_answer = {"description": "whether the served weights are the new ones, and why not",
+                     "content": {"application/json": {"schema": UPDATE_ANSWER}}}
     flush = get("drop the prefix cache (refused while requests are in flight)", text_ok, 400, 503)
     paths = {
         "/generate": {"post": post("generate (SGLang's native API)", "GenerateBody", stream_ok, 400, 404, 503)},
@@ -417,6 +429,15 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         "/load_lora_adapter": {"post": lora_change("load a LoRA adapter (a PEFT folder or hub id) under a name",
                                                    "LoadLoraBody")},
         "/unload_lora_adapter": {"post": lora_change("unload a LoRA adapter no request uses", "UnloadLoraBody")},
+        "/update_weights_from_disk": {"post": {
+            "summary": "serve the weights of another checkpoint of the same model, once the requests in flight are "
+                       "done (new ones wait)", "requestBody": _json_body("UpdateWeightsBody"),
+            "responses": {str(code): update_answer for code in (200, 400, 409)}}},
+        "/pause_generation": {"post": optional_body("pause: no step runs, new requests wait (abort, retract or keep "
+                                                    "the requests in flight)", "PauseBody")},
+        "/continue_generation": {"post": optional_body("end a pause", "ContinueBody")},
+        "/get_weight_version": {"get": get("the served weights' version", json_ok, 503)},
+        "/update_weight_version": {"post": post("name the served weights", "WeightVersionBody", json_ok, 400, 503)},
         "/health": {"get": get("200 while every process is alive", json_ok, 503)},
         "/health_generate": {"get": get("200 once a one-token generation went through the scheduler", json_ok,
                                         503)},

@@ -26,7 +26,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 OPEN_PATHS = frozenset({"/health"})
 ADMIN_PATHS = frozenset({"/flush_cache", "/abort_request", "/start_profile", "/stop_profile", "/load_lora_adapter",
-                         "/unload_lora_adapter"})
+                         "/unload_lora_adapter", "/update_weights_from_disk", "/pause_generation",
+                         "/continue_generation", "/update_weight_version"})
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

@@ -1,0 +1,75 @@
+"""SGLang's routes for reinforcement-learning loops (admin routes): POST /update_weights_from_disk,
+/pause_generation, /continue_generation and /update_weight_version, GET /get_weight_version.
+
+The scheduler serves them between steps (radixrt.scheduler.weights): an update waits for the requests in flight and
+holds new ones meanwhile, so its call may take as long as they do (no timeout here). A hub id or a GGUF file is
+resolved to a local folder first, on a thread of its own, so the scheduler reads local files only. Answers are
+SGLang's: ``{"success", "message", "num_paused_requests"}`` for an update (200, or the error's status with
+``success`` false: the served weights stay), ``{"message", "status": "ok"}`` for a pause or a continue,
+``{"weight_version"}`` and ``{"success", "message", "new_version"}`` for the version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from radixrt.protocol.errors import RequestError, status_of
+from radixrt.protocol.messages import ContinueReq, PauseReq, UpdateWeightsReq, WeightVersionReq
+from radixrt.server.http_common import decode_request, json_response, route
+from radixrt.server.native_protocol import ContinueBody, PauseBody, UpdateWeightsBody, WeightVersionBody
+from radixrt.server.tokenizer_manager import TokenizerManager
+
+
+def add_weights_routes(app: FastAPI, tm: TokenizerManager) -> None:
+    route(app, "/update_weights_from_disk", ["POST"], update_weights_from_disk, tm)
+    route(app, "/pause_generation", ["POST"], pause_generation, tm)
+    route(app, "/continue_generation", ["POST"], continue_generation, tm)
+    route(app, "/get_weight_version", ["GET"], get_weight_version, tm)
+    route(app, "/update_weight_version", ["POST"], update_weight_version, tm)
+
+
+async def update_weights_from_disk(tm: TokenizerManager, request: Request) -> Response:
+    from radixrt.model.weights import ModelNotFoundError, resolve_update_path
+
+    body = decode_request(await request.body(), UpdateWeightsBody)
+    try:
+        refusal = body.refusal()
+        if refusal is not None:
+            raise RequestError(refusal)
+        folder = await asyncio.to_thread(resolve_update_path, body.model_path)
+        out = await tm.call(UpdateWeightsReq(str(folder), body.abort_all_requests, body.weight_version,
+                                             body.flush_cache), timeout=None)
+    except (RequestError, ModelNotFoundError) as exc:
+        return json_response({"success": False, "message": f"weights not updated: {exc}", "num_paused_requests": 0},
+                             status_of(exc) if isinstance(exc, RequestError) else 400)
+    return json_response({"success": True, "message": out.message, "num_paused_requests": 0})
+
+
+async def pause_generation(tm: TokenizerManager, request: Request) -> Response:
+    raw = await request.body()
+    body = decode_request(raw, PauseBody) if raw.strip() else PauseBody()
+    await tm.call(PauseReq(body.mode))
+    return json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+
+async def continue_generation(tm: TokenizerManager, request: Request) -> Response:
+    raw = await request.body()
+    if raw.strip():
+        decode_request(raw, ContinueBody)
+    await tm.call(ContinueReq())
+    return json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+
+async def get_weight_version(tm: TokenizerManager, request: Request) -> Response:
+    out = await tm.call(WeightVersionReq())
+    return json_response({"weight_version": out.weight_version})
+
+
+async def update_weight_version(tm: TokenizerManager, request: Request) -> Response:
+    body = decode_request(await request.body(), WeightVersionBody)
+    out = await tm.call(WeightVersionReq(body.new_version, body.abort_all_requests))
+    return json_response({"success": True, "message": f"Weight version updated to {out.weight_version}",
+                          "new_version": out.weight_version})
