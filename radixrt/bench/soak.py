@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = _parse_overrides(args.knob)
     totals = dict(steps=0, busy_steps=0, tokens=0, requests=0, aborts=0, retractions=0, preemptions=0,
                   evicted_pages=0, pages_leaked=0, jump_forwards=0, session_turns=0, long_rope_restarts=0,
-                  embeddings=0, token_id_logprobs=0)
+                  embeddings=0, token_id_logprobs=0, weight_updates=0)
     failed: list[SeedResult] = []
     started = time.perf_counter()
     for seed in range(args.start, args.start + args.seeds):
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
           f"evicted pages {totals['evicted_pages']}, jump-forwards {totals['jump_forwards']}, "
           f"session turns {totals['session_turns']}, long-rope restarts {totals['long_rope_restarts']}, "
           f"embeddings {totals['embeddings']}, token-id logprob requests {totals['token_id_logprobs']}, "
+          f"weight updates {totals['weight_updates']}, "
           f"pages leaked {totals['pages_leaked']}")
     for result in failed:
         kind, message = result.failures[0]

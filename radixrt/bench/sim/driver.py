@@ -7,7 +7,9 @@ a reason it was expected to get; no delta after a request's finish; each request
 its final output; once idle nothing is private, locked or leaked (free + evictable == total, and a flush
 frees everything); and every finished request's output (ids, finish reason, logprobs) equals the same
 request run alone on a large pool with the radix cache off (``SoloOracle``). An aborted request's emitted
-tokens must be a prefix of its solo output (its text, for a constrained request under jump-forward).
+tokens must be a prefix of its solo output (its text, for a constrained request under jump-forward). With
+``pauses`` the run is paused (in place or retracting) and its weights updated (to the same rules) between steps; no
+control call fails but as its caller's error.
 
 The first crash or broken invariant ends the run; ``SeedResult.failures`` lists what went wrong as
 ``(kind, message)``, ``kind`` being what the shrinker keeps constant while it simplifies the knobs.
@@ -24,7 +26,16 @@ from radixrt.bench.sim.oracle import DeltaSink, SoloOracle, build_scheduler, gen
 from radixrt.bench.sim.workload import Knobs, SimRequest, Workload, generate
 from radixrt.bench.sim.world import World, load_world
 from radixrt.memory.radix_cache import LONG_ROPE_BIT, NAMESPACE_STRIDE
-from radixrt.protocol.messages import AbortReq, ControlReq, FinishReason, FlushCacheReq, SessionParams
+from radixrt.protocol.messages import (
+    AbortReq,
+    ContinueReq,
+    ControlReq,
+    FinishReason,
+    FlushCacheReq,
+    PauseReq,
+    SessionParams,
+    UpdateWeightsReq,
+)
 
 LATE_ABORT_STEPS = 5  # a "late" abort with k fires 5 * k + 1 steps after submission, whatever the state
 
@@ -56,6 +67,7 @@ class SeedResult:
     long_rope_restarts: int = 0  # requests computed again, rotated long, when their outputs outgrew the context
     embeddings: int = 0  # embedding requests that finished with their vector
     token_id_logprobs: int = 0  # finished requests that reported token_ids_logprob rows
+    weight_updates: int = 0  # updates of weights that ran (``pauses``)
     seconds: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)
 
@@ -98,6 +110,7 @@ class Simulation:
         self.prompts: dict[str, list[int]] = {}
         self.submitted_at: dict[str, int] = {}
         self.armed: dict[str, tuple[str, int]] = {}
+        self.gate_events = list(workload.gate_events)
         self.reqs: dict = {}  # rid -> the scheduler's Req, captured while it is queued or running
         self.session_of: dict[str, str] = {}  # rid of a conversation's turn -> its session (``sessions``)
         self.step = 0
@@ -118,7 +131,7 @@ class Simulation:
 
     def _run(self) -> SeedResult:
         try:
-            while self.due or self.armed or not self.scheduler.idle:
+            while self.due or self.armed or self.gate_events or not self.scheduler.idle:
                 if self.step >= self.max_steps:
                     raise SimFailure("hang", f"not idle after {self.max_steps} steps: "
                                      f"{len(self.scheduler.running)} running, {len(self.scheduler.waiting)} waiting")
@@ -127,6 +140,7 @@ class Simulation:
                 self._step()
             self._check_idle()
             self._check_outputs()
+            self._check_replies()
         except SimFailure as failure:
             self.result.failures.append((failure.kind, failure.message))
         self.sink.check_unchanged()
@@ -146,6 +160,7 @@ class Simulation:
         outcomes = [self.sink.outcome(rid) for rid in self.sink.finished]
         self.result.embeddings = sum(1 for o in outcomes if o.embedding is not None)
         self.result.token_id_logprobs = sum(1 for o in outcomes if o.output_token_ids_logprobs)
+        self.result.weight_updates = self.runner.weight_updates
         return self.result
 
     def _submit_due(self) -> None:
@@ -166,6 +181,12 @@ class Simulation:
                     self.armed[spec.rid] = spec.abort
         if self.step in self.workload.flush_steps:
             self.scheduler.submit(ControlReq(id=self.step, body=FlushCacheReq()))
+        while self.gate_events and self.gate_events[0][0] <= self.step:
+            _, event = self.gate_events.pop(0)
+            kind, _, mode = event.partition(":")
+            body = {"pause": lambda: PauseReq(mode), "continue": ContinueReq,
+                    "update": lambda: UpdateWeightsReq("sim", flush_cache=mode != "keep-cache")}[kind]()
+            self.scheduler.submit(ControlReq(id=self.step, body=body))
 
     def _session(self, spec: SimRequest) -> SessionParams | None:
         """With ``sessions``, a conversation's turns run in a session: the first opens it; a later turn continues
@@ -270,6 +291,12 @@ class Simulation:
         self._step()
         if pool.num_free != pool.num_pages:
             raise SimFailure("leak", f"a flush while idle left {pool.num_pages - pool.num_free} pages in use")
+
+    def _check_replies(self) -> None:
+        """Control calls fail only as the caller's error (an update that would flush pages paused in place)."""
+        for reply in self.sink.replies:
+            if reply.error is not None and reply.status_code >= 500:
+                raise SimFailure("control", f"control call at step {reply.id} failed: {reply.error}")
 
     def _check_outputs(self) -> None:
         for spec in self.workload.requests:

@@ -90,6 +90,13 @@ class FakeRunner:
         self._kv_numpy = self._slots_view().numpy()  # the same memory, for cheap checks
         self.forwards = 0
         self.tokens = 0
+        self.model_path = "sim"
+        self.weight_updates = 0
+
+    def update_weights(self, model_path) -> None:
+        """An update of weights to the same rules (radixrt.scheduler.weights): the outputs stay the solo runs'."""
+        self.model_path = str(model_path)
+        self.weight_updates += 1
 
     @property
     def page_size(self) -> int:

@@ -74,6 +74,9 @@ class Knobs:
     # a pooling method ("last", "mean", "cls"): a quarter of the requests no turn continues are embedding requests
     # (not drawn by ``from_seed``: they would lower the memory pressure the other knobs' seeds are known to make)
     embeddings: str = ""
+    # pauses (in place or retracting) and updates of weights (to the same rules: outputs stay the solo runs') between
+    # steps (radixrt.scheduler.weights)
+    pauses: bool = False
 
     @classmethod
     def from_seed(cls, seed: int, **overrides) -> "Knobs":
@@ -107,6 +110,7 @@ class Knobs:
         lora = random.Random(f"lora-{seed}")
         knobs = knobs.replace(lora=lora.random() < 0.5, max_loras_per_batch=lora.choice((1, 2, 8)))
         knobs = knobs.replace(long_rope_from=random.Random(f"long-rope-{seed}").choice((0, 0, 24, 64)))
+        knobs = knobs.replace(pauses=random.Random(f"pauses-{seed}").random() < 0.5)
         return knobs.replace(**overrides)
 
     def replace(self, **changes) -> "Knobs":
@@ -149,6 +153,9 @@ class Workload:
     requests: list[SimRequest]
     num_pages: int
     flush_steps: list[int] = field(default_factory=list)
+    # (step, event) in step order: "pause:retract", "pause:in_place", "continue", "update", "update:keep-cache";
+    # every pause's continue comes after it, so the run ends unpaused
+    gate_events: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def uses_grammars(self) -> bool:
@@ -310,4 +317,20 @@ def generate(knobs: Knobs, world: World) -> Workload:
     # Every request must fit alone (the scheduler rejects one that needs more than the pool, plus a page).
     num_pages = max(max(needs) + 2, math.ceil(sum(needs) / knobs.oversubscription))
     flushes = sorted(builder.rng.sample(range(knobs.arrival_span + 40), 3)) if knobs.flushes else []
-    return Workload(knobs, requests, num_pages, flushes)
+    return Workload(knobs, requests, num_pages, flushes, _gate_events(knobs))
+
+
+def _gate_events(knobs: Knobs) -> list[tuple[int, str]]:
+    """Two pause windows and two updates of weights within the arrivals' span, from a stream of their own; the first
+    update falls within the first pause (at its first step it comes after it: sorted by step, then name)."""
+    if not knobs.pauses:
+        return []
+    rng = random.Random(f"gate-{knobs.seed}")
+    horizon, events = knobs.arrival_span + 40, []
+    for window in range(2):
+        start, length = rng.randrange(horizon), rng.randint(1, 12)
+        # the first window holds an update (it runs at once there), the second's is anywhere
+        update = start + rng.randrange(length) if window == 0 else rng.randrange(horizon)
+        events += [(start, "pause:" + rng.choice(("retract", "in_place"))), (start + length, "continue"),
+                   (update, rng.choice(("update", "update:keep-cache")))]
+    return sorted(events)
