@@ -29,7 +29,7 @@ from typing import Callable, Protocol
 from radixrt.metrics import RequestMetrics
 from radixrt.protocol.errors import Overloaded, RequestError, RequestFailed, RuntimeDown, error_for
 from radixrt.protocol.limits import NO_LIMITS, ClientLimits, ModelLimits
-from radixrt.protocol.messages import AbortReq, BatchStrOut, Control, ControlOut, ControlReq, WeightsOut
+from radixrt.protocol.messages import AbortReq, BatchStrOut, Control, ControlOut, ControlReq, PauseOut, WeightsOut
 from radixrt.protocol.request import GenerateInput, Prepared, expand, prepare
 from radixrt.response import ResponseBuilder
 
@@ -153,6 +153,7 @@ class SchedulerClient:
         self._call_ids = itertools.count(1)
         # what updates of weights changed in the model's info (model_path, weight_version), from their replies
         self.weights_info: dict[str, str] = {}
+        self.paused = False  # as the latest pause or continue left the scheduler (radixrt.scheduler.weights)
 
     # ----- requests -----------------------------------------------------------------------------------
 
@@ -267,6 +268,8 @@ class SchedulerClient:
             future = self._calls.pop(reply.id, None)
         if isinstance(reply.body, WeightsOut):  # also when its caller gave up waiting
             self.weights_info = {"model_path": reply.body.model_path, "weight_version": reply.body.weight_version}
+        elif isinstance(reply.body, PauseOut):
+            self.paused = reply.body.paused
         if future is None or future.done():
             return  # its caller gave up waiting
         if reply.error is None:

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
 from radixrt import env
 from radixrt.client import Handle, LoopWaker, SchedulerClient, ThreadWaker
 from radixrt.detokenize import Detokenizer
-from radixrt.protocol.errors import RequestError, RuntimeDown
+from radixrt.engine_weights import WeightCalls
+from radixrt.protocol.errors import RuntimeDown
 from radixrt.protocol.messages import (
     BatchStrOut,
     BatchTokenOut,
@@ -45,15 +46,11 @@ from radixrt.protocol.messages import (
     ControlOut,
     FlushCacheReq,
     LoadLoraReq,
-    ContinueReq,
     OpenSessionReq,
-    PauseReq,
     StartProfileReq,
     StatsReq,
     StopProfileReq,
     UnloadLoraReq,
-    UpdateWeightsReq,
-    WeightVersionReq,
 )
 from radixrt.protocol.request import GenerateInput, Prepared
 from radixrt.rerank import RerankCall, ranked, reranker_of
@@ -85,7 +82,7 @@ class EngineDead(RuntimeDown):
     """The scheduler thread has stopped (the model cannot run, or the engine was shut down)."""
 
 
-class Engine:
+class Engine(WeightCalls):
     def __init__(self, **kwargs: Any) -> None:
         self.args = ServerArgs.from_kwargs(**kwargs)
         if self.args.dp_size != 1:
@@ -412,42 +409,6 @@ class Engine:
                 self._check_alive()
             except RuntimeDown as exc:
                 raise EngineDead(str(exc)) from exc
-
-    # ----- weights (radixrt.scheduler.weights) -----------------------------------------------------------
-
-    def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
-                                 abort_all_requests: bool = False, weight_version: str | None = None,
-                                 flush_cache: bool = True) -> tuple[bool, str, int]:
-        """SGLang's: serve the weights of the checkpoint at ``model_path`` (a folder, a GGUF file or a hub id: the
-        served model with other weights) once the requests in flight have finished (``abort_all_requests``: abort
-        them); requests made meanwhile wait. ``flush_cache`` drops the prefix cache (computed with the old
-        weights); ``weight_version`` names the new weights. Returns ``(success, message, 0)``: on failure the
-        served weights stay."""
-        from radixrt.model.weights import ModelNotFoundError, resolve_update_path
-
-        try:
-            if load_format not in (None, "auto", "safetensors"):
-                raise RequestError(f"load_format {load_format!r}: radixrt reads safetensors (auto)")
-            folder = resolve_update_path(model_path)
-            out = self._call(UpdateWeightsReq(str(folder), abort_all_requests, weight_version, flush_cache))
-        except (RequestError, ModelNotFoundError) as exc:
-            return False, f"weights not updated: {exc}", 0
-        return True, out.message, 0
-
-    def pause_generation(self, mode: str = "abort") -> None:
-        """SGLang's: no step runs until ``continue_generation``; requests made meanwhile wait. ``abort`` ends the
-        requests in flight, ``retract`` frees their pages (computed again later), ``in_place`` keeps them."""
-        self._call(PauseReq(mode))
-
-    def continue_generation(self) -> None:
-        self._call(ContinueReq())
-
-    def get_weight_version(self) -> str:
-        return self._call(WeightVersionReq()).weight_version
-
-    def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> str:
-        """Name the served weights ``new_version`` (each response's ``meta_info["weight_version"]``)."""
-        return self._call(WeightVersionReq(new_version, abort_all_requests)).weight_version
 
     def flush_cache(self) -> bool:
         """Drop the prefix cache; refused (False) while requests are in flight."""

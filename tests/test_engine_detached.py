@@ -158,3 +158,26 @@ def test_a_stream_left_early_aborts_its_request(detached):
     assert detached.get_stats()["num_running"] == 0
     after = detached.generate("after", {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True})
     assert after["meta_info"]["completion_tokens"] == 2
+
+
+def test_weights_and_pauses_cross_the_process_boundary(detached, default_model_path):
+    """Tensors sent to the scheduler's process (SGLang's update_weights_from_tensor) as bytes, then the checkpoint
+    read again from disk; a pause and a continue; the weight version in the answers."""
+    from safetensors import safe_open
+
+    name = "model.layers.0.mlp.down_proj.weight"
+    with safe_open(default_model_path / "model.safetensors", framework="pt") as handle:
+        served = handle.get_tensor(name)
+    before = detached.generate(PROMPTS[0], GREEDY)["output_ids"]
+    try:
+        ok, message = detached.update_weights_from_tensor([(name, (served * -3).bfloat16())], weight_version="w1")
+        assert ok, message
+        changed = detached.generate(PROMPTS[0], GREEDY)
+        assert changed["output_ids"] != before and changed["meta_info"]["weight_version"] == "w1"
+        detached.pause_generation("retract")
+        detached.continue_generation()
+    finally:
+        ok, message, _ = detached.update_weights_from_disk(str(default_model_path), weight_version="default")
+        assert ok, message
+    assert detached.generate(PROMPTS[0], GREEDY)["output_ids"] == before
+    assert detached.get_model_info()["weight_version"] == "default"

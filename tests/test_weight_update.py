@@ -97,6 +97,32 @@ def test_runner_update_equals_a_runner_loaded_from_the_new_weights(tmp_path, mon
         assert {name: p.data_ptr() for name, p in served.named_parameters()} == addresses
 
 
+def test_runner_update_tensors_in_buckets_equals_the_new_checkpoint(tmp_path):
+    """SGLang's update from tensors, a trainer's buckets: each call replaces some tensors and keeps the rest (the
+    earlier buckets' included); a tensor the checkpoint lacks, or of another shape, changes nothing."""
+    from safetensors.torch import load_file
+
+    save_tiny_model("qwen3", tmp_path / "old", seed=0)
+    save_tiny_model("qwen3", tmp_path / "new", seed=1)
+    runner = ModelRunner(tmp_path / "old", dtype="float32", page_size=4, num_pages=16)
+    fresh = _logits(ModelRunner(tmp_path / "new", dtype="float32", page_size=4, num_pages=16))
+    before = _logits(runner)
+    new = sorted(load_file(tmp_path / "new" / "model.safetensors").items())
+    with pytest.raises(ValueError, match="not a tensor of the served checkpoint"):
+        runner.update_tensors({"model.layers.9.mlp.up_proj.weight": new[0][1]})
+    with pytest.raises(ValueError, match="shape"):
+        runner.update_tensors({new[0][0]: new[0][1][:1]})
+    assert torch.equal(_logits(runner), before)
+    runner.update_tensors(dict(new[: len(new) // 2]))
+    half = _logits(runner)
+    assert not torch.equal(half, before) and not torch.equal(half, fresh)
+    runner.update_tensors(dict(new[len(new) // 2:]))
+    assert torch.equal(_logits(runner), fresh)
+    assert len(runner.overlay) == len(new)
+    runner.update_weights(tmp_path / "old")  # from disk: the tensors sent are dropped
+    assert runner.overlay == {} and torch.equal(_logits(runner), before)
+
+
 def test_runner_refuses_another_model_and_keeps_its_weights(tmp_path):
     save_tiny_model("llama", tmp_path / "old", seed=0)
     save_tiny_model("qwen3", tmp_path / "other", seed=0)
@@ -176,6 +202,23 @@ def test_update_serves_the_new_weights_and_drops_the_cache(engine, tuned_path, d
     assert engine.flush_cache()
     assert _tokens(engine) == references["old"]
     engine.scheduler.check()
+
+
+@pytest.mark.model
+def test_update_from_tensors_in_buckets(engine, tuned_path, references):
+    from safetensors.torch import load_file
+
+    tensors = sorted(load_file(tuned_path / "model.safetensors").items())
+    buckets = [tensors[: len(tensors) // 3], tensors[len(tensors) // 3:]]
+    ok, message = engine.update_weights_from_tensor(buckets[0], flush_cache=False)
+    assert ok, message
+    ok, message = engine.update_weights_from_tensor(buckets[1], weight_version="tensors-1")
+    assert ok, message
+    assert _tokens(engine) == references["new"]
+    assert engine.get_weight_version() == "tensors-1"
+    ok, message = engine.update_weights_from_tensor([("model.no_such.weight", tensors[0][1])])
+    assert not ok and "not a tensor of the served checkpoint" in message
+    assert _tokens(engine) == references["new"]
 
 
 @pytest.mark.model
@@ -333,6 +376,7 @@ def test_http_routes_update_pause_and_name_the_weights(http, tuned_path, referen
     waiting.start()
     waiting.join(timeout=1.0)
     assert waiting.is_alive()
+    assert http.get("/health_generate").json() == {"status": "ok", "paused": True}  # alive, paused on purpose
     assert http.post("/continue_generation").json()["status"] == "ok"
     waiting.join()
     assert results["out"]["output_ids"] == references["new"][1]

@@ -1,5 +1,11 @@
 """New weights for the served model without a restart (SGLang's ``update_weights_from_disk``).
 
+``update_tensors`` takes some of the checkpoint's tensors by name instead (SGLang's ``update_weights_from_tensor``, as
+a trainer sends its parameters a bucket at a time): each must be a tensor of the served checkpoint, of its shape. The
+runner keeps every tensor sent since its checkpoint was read (``ModelRunner.overlay``: host memory up to the model's
+size) and builds the model from the checkpoint with those in their places; an update from disk clears them.
+``tensor_record`` and ``tensors_from_records`` carry tensors across a process boundary as bytes.
+
 The new checkpoint must be the served model with other weights: its config, read as the served one is
 (``--json-model-override-args`` applied), equals the served config but for ``METADATA``, fields that cannot change a
 forward (names, versions, the dtype it was saved in, special token ids). The tokenizer, the chat template and the
@@ -17,6 +23,9 @@ take the old ones' place:
 """
 
 from __future__ import annotations
+
+import math
+from pathlib import Path
 
 import torch
 
@@ -56,3 +65,47 @@ def copy_parameters(served: torch.nn.Module, new: torch.nn.Module) -> int:
         for (_, old), (_, value) in pairs:
             old.copy_(value)
     return len(pairs)
+
+
+def checkpoint_shapes(model_path: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the checkpoint at ``model_path`` and its shape, read from the files' headers."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(file, framework="pt") as handle:
+            for name in handle.keys():
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    return shapes
+
+
+def check_tensor_names(shapes: dict[str, tuple[int, ...]], tensors: dict[str, torch.Tensor]) -> None:
+    """A ``ValueError`` for no tensor, or one the checkpoint lacks or holds in another shape."""
+    if not tensors:
+        raise ValueError("no tensor to update")
+    for name, tensor in tensors.items():
+        if name not in shapes:
+            raise ValueError(f"{name!r} is not a tensor of the served checkpoint (names as in its safetensors files)")
+        if tuple(tensor.shape) != shapes[name]:
+            raise ValueError(f"{name!r} has shape {tuple(tensor.shape)}; the served checkpoint's is {shapes[name]}")
+
+
+def tensor_record(name: str, tensor: torch.Tensor) -> tuple[str, str, list[int], bytes]:
+    """``(name, dtype, shape, bytes)``: a tensor as plain values (msgpack carries them between processes)."""
+    tensor = tensor.detach().to("cpu").contiguous()
+    data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+    return name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), data
+
+
+def tensors_from_records(records) -> dict[str, torch.Tensor]:
+    """``tensor_record``'s values back as tensors (a ``ValueError`` for a dtype or size that does not fit)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, dtype, shape, data in records:
+        kind = getattr(torch, dtype, None)
+        if not isinstance(kind, torch.dtype):
+            raise ValueError(f"{name!r}: unknown dtype {dtype!r}")
+        flat = torch.frombuffer(bytearray(data), dtype=kind) if data else torch.empty(0, dtype=kind)
+        if flat.numel() != math.prod(shape):
+            raise ValueError(f"{name!r}: {len(data)} bytes do not hold a {dtype} tensor of shape {shape}")
+        out[name] = flat.reshape(shape)
+    return out

@@ -54,7 +54,7 @@ from radixrt.model.llama import (
 from radixrt.model.moe import is_moe
 from radixrt.model.parallel import SINGLE
 from radixrt.model.pooling import Pooling, matryoshka, read_pooling
-from radixrt.model.reload import check_same_model, copy_parameters
+from radixrt.model.reload import check_same_model, check_tensor_names, checkpoint_shapes, copy_parameters
 
 if TYPE_CHECKING:
     from radixrt.distributed.world import TPWorld
@@ -197,6 +197,7 @@ class ModelRunner:
             cpu_kernels.load()  # compiled on the first run ever (about 50 s), then loaded from the cache
         self.context_length = int(context_length or self.config.max_position_embeddings)
         self.tp, self.quantization, self.model_overrides = tp, quantization, model_overrides
+        self.overlay: dict[str, torch.Tensor] = {}  # tensors updated since model_path's (update_tensors)
         self.model, self.packed_linears = self._build_model(self.model_path, self.device, self.device.type == "cpu")
         self.long_rope_from = long_rope_from(self.model)  # forward batches map positions to its rotary rows
         self.adapters: Adapters | None = None
@@ -244,9 +245,11 @@ class ModelRunner:
             self._capture_graphs(graph_factory, cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS)
         self.load_seconds = time.perf_counter() - started
 
-    def _build_model(self, model_path: Path, device: torch.device, pack: bool):
-        """The served model with the weights of ``model_path``, ready to run (``pack``: its linear layers packed for
-        this CPU's kernels); returns it and how many weights were packed."""
+    def _build_model(self, model_path: Path, device: torch.device, pack: bool,
+                     overlay: dict[str, torch.Tensor] | None = None):
+        """The served model with the weights of ``model_path`` (those named in ``overlay`` replaced by its tensors),
+        ready to run (``pack``: its linear layers packed for this CPU's kernels); returns it and how many weights
+        were packed."""
         config = self.config
         # Parameters are created with torch.empty, so building the modules costs no initialisation.
         with torch.device(device):
@@ -256,7 +259,10 @@ class ModelRunner:
             elif self.embedding_only:
                 model.drop_head()
         model.fp8_scheme = fp8_scheme(config, self.quantization)
-        model.load_weights(text_model_tensors(iterate_safetensors(model_path)))
+        tensors = iterate_safetensors(model_path)
+        if overlay:
+            tensors = ((name, overlay.get(name, tensor)) for name, tensor in tensors)
+        model.load_weights(text_model_tensors(tensors))
         model.to(self.dtype)
         model.eval()
         packed = model.pack_linear_weights(self.deterministic) if pack else 0
@@ -267,19 +273,28 @@ class ModelRunner:
     def update_weights(self, model_path: Path) -> None:
         """Serve the weights of ``model_path`` from the next forward on (radixrt.model.reload says how). A
         ``ValueError`` (or the loader's error) leaves the served weights as they were."""
+        check_same_model(self.config, load_config(model_path, self.model_overrides))
+        self._replace_model(model_path, {})
+
+    def update_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Serve these tensors (checkpoint names, any subset) in place of the served ones from the next forward on;
+        the rest stay. A ``ValueError`` names a tensor the checkpoint lacks or holds in another shape."""
+        check_tensor_names(checkpoint_shapes(self.model_path), tensors)
+        self._replace_model(self.model_path, {**self.overlay, **tensors})
+
+    def _replace_model(self, model_path: Path, overlay: dict[str, torch.Tensor]) -> None:
         if self.world is not None:
             raise ValueError("weights cannot be updated under tensor parallelism (--tp-size > 1) yet")
-        check_same_model(self.config, load_config(model_path, self.model_overrides))
         started = time.perf_counter()
         in_place = self.packed_linears == 0
-        model, _ = self._build_model(model_path, torch.device("cpu"), pack=not in_place)
+        model, _ = self._build_model(model_path, torch.device("cpu"), pack=not in_place, overlay=overlay)
         if in_place:  # the graphs replay the served tensors: the new values go into them
             copy_parameters(self.model, model)
         else:
             self.model = model
-        self.model_path = Path(model_path)
-        logger.info("weights of %s loaded %s in %.1f s", model_path, "in place" if in_place else "and swapped in",
-                    time.perf_counter() - started)
+        self.model_path, self.overlay = Path(model_path), overlay
+        logger.info("weights of %s%s loaded %s in %.1f s", model_path, f" and {len(overlay)} tensors" if overlay else "",
+                    "in place" if in_place else "and swapped in", time.perf_counter() - started)
 
     def _warm_up(self) -> None:
         """Compile and autotune the kernels of prefill, extend and decode now, not on the first requests: a few

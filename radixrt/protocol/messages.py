@@ -292,16 +292,22 @@ class PauseOut(msgspec.Struct, tag=True):
     requests: int  # the requests the call aborted (pause in mode abort) or retracted (retract); else 0
 
 
+# a tensor as (name, dtype, shape, bytes): radixrt.model.reload.tensor_record
+TensorRecord = tuple[str, str, list[int], bytes]
+
+
 class UpdateWeightsReq(msgspec.Struct, tag=True):
     """SGLang's /update_weights_from_disk: serve the weights of the checkpoint at ``model_path`` (a local folder: the
-    caller resolves hub ids), the same model with other weights. It waits until the requests already in flight
-    have finished (``abort_all_requests``: aborts them) and holds new ones until it is done; paused, it runs at
-    once. ``flush_cache``: drop the prefix cache, computed with the old weights (SGLang's default)."""
+    caller resolves hub ids), the same model with other weights; or with ``tensors`` (SGLang's
+    ``update_weights_from_tensor``) those of the served checkpoint's tensors. It waits until the requests already in
+    flight have finished (``abort_all_requests``: aborts them) and holds new ones until it is done; paused, it runs
+    at once. ``flush_cache``: drop the prefix cache, computed with the old weights (SGLang's default)."""
 
-    model_path: str
+    model_path: str | None = None
     abort_all_requests: bool = False
     weight_version: str | None = None  # the new weights' version (else the version stays)
     flush_cache: bool = True
+    tensors: list[TensorRecord] | None = None
 
 
 class WeightVersionReq(msgspec.Struct, tag=True):

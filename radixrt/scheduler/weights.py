@@ -9,7 +9,7 @@ opens again; aborts and control calls are served as always. It closes for:
   holds (aborted); ``retract`` sends running requests back to the queue with their pages released (they are
   computed again after the pause, from the cache where it still holds their prefix); ``in_place`` keeps them as
   they are, pages and all.
-- an update of weights (``UpdateWeightsReq``): it waits until every request that arrived before it has finished
+- an update of weights (``UpdateWeightsReq``: another checkpoint of the model, or some of its tensors): it waits until every request that arrived before it has finished
   (``abort_all_requests``: aborts them), so no request runs partly on each set of weights, and runs at once while
   paused. It loads the new weights (``ModelRunner.update_weights``: the served ones stay on any failure, which is
   the caller's 400) and, with ``flush_cache`` (the default), drops the prefix cache and the sessions' pins: their
@@ -27,6 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from radixrt.model.reload import tensors_from_records
 from radixrt.protocol.errors import Conflict, RequestError
 from radixrt.protocol.messages import (
     ContinueReq,
@@ -148,7 +149,12 @@ def update(scheduler: Scheduler, req: UpdateWeightsReq) -> WeightsOut:
             raise Conflict(f"{len(scheduler.running)} requests paused in place hold pages computed with the served "
                            "weights: pause with mode retract or abort first, or update with flush_cache false")
         try:
-            scheduler.runner.update_weights(Path(req.model_path))
+            if req.tensors is not None:
+                scheduler.runner.update_tensors(tensors_from_records(req.tensors))
+            elif req.model_path is None:
+                raise RequestError("an update of weights names a model_path or tensors")
+            else:
+                scheduler.runner.update_weights(Path(req.model_path))
         except (ValueError, OSError, KeyError) as exc:  # the checkpoint cannot replace the served weights
             if isinstance(exc, RequestError):
                 raise
@@ -161,8 +167,10 @@ def update(scheduler: Scheduler, req: UpdateWeightsReq) -> WeightsOut:
         scheduler.cache.reset()
     if req.weight_version is not None:
         set_version(scheduler, req.weight_version)
-    logger.info("weights updated from %s (version %s)", req.model_path, gate.weight_version)
-    return WeightsOut(model_path=req.model_path, weight_version=gate.weight_version, aborted=gate.aborted,
+    served = str(scheduler.runner.model_path)
+    logger.info("weights updated from %s (version %s)", served if req.tensors is None else "tensors",
+                gate.weight_version)
+    return WeightsOut(model_path=served, weight_version=gate.weight_version, aborted=gate.aborted,
                       message="Succeeded to update model weights." + (" Cache flushed." if req.flush_cache else ""))
 
 

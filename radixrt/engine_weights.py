@@ -1,0 +1,67 @@
+"""The Engine's calls for reinforcement-learning loops, as SGLang's Engine names them: updates of weights (from a
+checkpoint on disk or from tensors), pauses, weight versions. A base of ``radixrt.engine.Engine``; each is a control
+call (``Engine._call``) the scheduler serves between steps (radixrt.scheduler.weights)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixrt.protocol.errors import RequestError
+from radixrt.protocol.messages import ContinueReq, Control, PauseReq, UpdateWeightsReq, WeightVersionReq
+
+
+class WeightCalls:
+    def _call(self, body: Control) -> Any:  # the Engine's
+        raise NotImplementedError
+
+    def update_weights_from_disk(self, model_path: str, load_format: str | None = None,
+                                 abort_all_requests: bool = False, weight_version: str | None = None,
+                                 flush_cache: bool = True) -> tuple[bool, str, int]:
+        """SGLang's: serve the weights of the checkpoint at ``model_path`` (a folder, a GGUF file or a hub id: the
+        served model with other weights) once the requests in flight have finished (``abort_all_requests``: abort
+        them); requests made meanwhile wait. ``flush_cache`` drops the prefix cache (computed with the old
+        weights); ``weight_version`` names the new weights. Returns ``(success, message, 0)``: on failure the
+        served weights stay."""
+        from radixrt.model.weights import ModelNotFoundError, resolve_update_path
+
+        try:
+            if load_format not in (None, "auto", "safetensors"):
+                raise RequestError(f"load_format {load_format!r}: radixrt reads safetensors (auto)")
+            folder = resolve_update_path(model_path)
+            out = self._call(UpdateWeightsReq(str(folder), abort_all_requests, weight_version, flush_cache))
+        except (RequestError, ModelNotFoundError) as exc:
+            return False, f"weights not updated: {exc}", 0
+        return True, out.message, 0
+
+    def update_weights_from_tensor(self, named_tensors: list[tuple[str, Any]], load_format: str | None = None,
+                                   flush_cache: bool = True, abort_all_requests: bool = False,
+                                   weight_version: str | None = None) -> tuple[bool, str]:
+        """SGLang's: serve these ``(name, tensor)`` pairs (names as in the checkpoint's safetensors files, any subset:
+        a trainer's bucket) in place of the served tensors, the rest kept, with ``update_weights_from_disk``'s
+        order (it waits for the requests in flight). The runtime keeps every tensor sent since the checkpoint was
+        read (host memory up to the model's size; an update from disk clears them). Returns ``(success, message)``."""
+        from radixrt.model.reload import tensor_record
+
+        try:
+            if load_format not in (None, "auto"):
+                raise RequestError(f"load_format {load_format!r}: radixrt takes the tensors as they are (auto)")
+            records = [tensor_record(name, tensor) for name, tensor in named_tensors]
+            out = self._call(UpdateWeightsReq(None, abort_all_requests, weight_version, flush_cache, records))
+        except RequestError as exc:
+            return False, f"weights not updated: {exc}"
+        return True, out.message
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        """SGLang's: no step runs until ``continue_generation``; requests made meanwhile wait. ``abort`` ends the
+        requests in flight, ``retract`` frees their pages (computed again later), ``in_place`` keeps them."""
+        self._call(PauseReq(mode))
+
+    def continue_generation(self) -> None:
+        self._call(ContinueReq())
+
+    def get_weight_version(self) -> str:
+        return self._call(WeightVersionReq()).weight_version
+
+    def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> str:
+        """Name the served weights ``new_version`` (each response's ``meta_info["weight_version"]``)."""
+        return self._call(WeightVersionReq(new_version, abort_all_requests)).weight_version
