@@ -373,3 +373,22 @@ def test_a_retracted_prompt_reports_its_chosen_ids_once(world, oracle):
     assert result.ok, _failure_report(result)
     assert result.retractions + result.preemptions > 0
     assert any(r.token_ids_logprob and r.logprob_start_len >= 0 for r in generate(result.knobs, world).requests)
+
+
+# Found by the soak with a retracting pause that kept a request rotated short after its sequence outgrew a LongRoPE
+# model's original context (the step that would have restarted it long came after the pause): back from the pause,
+# its prefill computed positions past that context, rotated short.
+PAUSED_PAST_SHORT_ROPE = (
+    '{"aborts": true, "arrival_span": 0, "chunked_prefill_size": 2048, "constrained": false, "constrained_share": 0.15, '
+    '"copying": false, "embeddings": "", "enable_mixed_chunk": true, "flushes": false, "jump_forward": false, '
+    '"logprobs": true, "long_rope_from": 24, "lora": false, "max_loras_per_batch": 2, "max_new_tokens": 16, '
+    '"max_running_requests": 64, "multi_turn": true, "n_samples": true, "num_requests": 10, "overlap": false, '
+    '"oversubscription": 10.0, "page_size": 4, "partial_page_reuse": false, "pauses": true, "priorities": false, '
+    '"radix_cache": true, "sampled": true, "schedule_policy": "lpm", "seed": 960239, "sessions": false, '
+    '"speculative": false, "stops": false}')
+
+
+def test_a_request_paused_past_the_short_rope_comes_back_rotated_long(world, oracle):
+    result = run_seed(Knobs.from_json(PAUSED_PAST_SHORT_ROPE), world, oracle)
+    assert result.ok, _failure_report(result)
+    assert result.long_rope_restarts > 0 and result.weight_updates > 0

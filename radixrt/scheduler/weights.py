@@ -95,6 +95,9 @@ def pause(scheduler: Scheduler, req: PauseReq) -> PauseOut:
         for running in list(scheduler.running):
             scheduler.memory.release(running)
             scheduler.running.remove(running)
+            if running.outgrows_short_rope(scheduler.runner.long_rope_from):  # as the next step would have
+                running.switch_to_long_rope()  # (Scheduler._restart_long_rope): it comes back rotated long
+                scheduler.admission.num_long_rope_restarts += 1
             scheduler.admission.take_back(running, "paused")
             touched += 1
     scheduler.gate.paused = req.mode
