@@ -48,6 +48,15 @@ def wait_until(condition, what: str, timeout: float = 30.0) -> None:
         time.sleep(0.005)
 
 
+def running_in_background(engine, results: dict, params: dict) -> threading.Thread:
+    """``engine.generate(PROMPTS[0], params)`` on a thread of its own (its answer in ``results["first"]``), returned
+    once the scheduler runs it."""
+    thread = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], params)))
+    thread.start()
+    wait_until(lambda: engine.scheduler.running, "a running request")
+    return thread
+
+
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     """transformers' greedy tokens (its KV cache on; eos does not stop it, as under ``ignore_eos``)."""
     out, cache, step = [], None, torch.tensor([ids])
@@ -226,9 +235,7 @@ def test_requests_in_flight_finish_on_their_weights_and_later_ones_wait(engine, 
     """SGLang's order: the update waits for the requests already sent; requests sent after it wait for it."""
     long = {**GREEDY, "max_new_tokens": 24}
     results: dict[str, object] = {}
-    first = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], long)))
-    first.start()
-    wait_until(lambda: engine.scheduler.running, "a running request")
+    first = running_in_background(engine, results, long)
     update = threading.Thread(target=lambda: results.update(update=engine.update_weights_from_disk(str(tuned_path))))
     update.start()
     wait_until(lambda: engine.scheduler.gate.pending is not None, "the update to wait")
@@ -245,9 +252,7 @@ def test_requests_in_flight_finish_on_their_weights_and_later_ones_wait(engine, 
 def test_abort_all_requests_ends_the_requests_in_flight(engine, tuned_path, references):
     results: dict[str, object] = {}
     long = {**GREEDY, "max_new_tokens": 200}
-    first = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], long)))
-    first.start()
-    wait_until(lambda: engine.scheduler.running, "a running request")
+    first = running_in_background(engine, results, long)
     ok, message, _ = engine.update_weights_from_disk(str(tuned_path), abort_all_requests=True)
     first.join()
     assert ok, message
@@ -270,10 +275,7 @@ def test_a_failed_update_keeps_serving_the_old_weights(engine, tmp_path, referen
 @pytest.mark.model
 def test_pause_abort_holds_later_requests_until_continue(engine, references):
     results: dict[str, object] = {}
-    first = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], {**GREEDY,
-                                                                                               "max_new_tokens": 200})))
-    first.start()
-    wait_until(lambda: engine.scheduler.running, "a running request")
+    first = running_in_background(engine, results, {**GREEDY, "max_new_tokens": 200})
     engine.pause_generation("abort")
     first.join()
     assert results["first"]["meta_info"]["finish_reason"]["type"] == "abort"
@@ -292,9 +294,7 @@ def test_pause_abort_holds_later_requests_until_continue(engine, references):
 def test_pause_retract_frees_the_pages_and_continues(engine):
     results: dict[str, object] = {}
     params = {**GREEDY, "max_new_tokens": 40}
-    first = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], params)))
-    first.start()
-    wait_until(lambda: engine.scheduler.running, "a running request")
+    first = running_in_background(engine, results, params)
     engine.pause_generation("retract")
     scheduler = engine.scheduler
     assert not scheduler.running and len(scheduler.waiting) == 1
@@ -310,9 +310,7 @@ def test_pause_retract_frees_the_pages_and_continues(engine):
 def test_pause_in_place_keeps_pages_and_an_update_must_keep_the_cache(engine, tuned_path):
     results: dict[str, object] = {}
     params = {**GREEDY, "max_new_tokens": 40}
-    first = threading.Thread(target=lambda: results.update(first=engine.generate(PROMPTS[0], params)))
-    first.start()
-    wait_until(lambda: engine.scheduler.running, "a running request")
+    first = running_in_background(engine, results, params)
     engine.pause_generation("in_place")
     req = engine.scheduler.running[0]
     computed, pages = req.num_computed, list(req.pages)
