@@ -252,9 +252,13 @@ class Scheduler:
         open; their next turn is computed again)."""
         if self.running or self.waiting or self.launched:
             return False
+        self.drop_cache()
+        return True
+
+    def drop_cache(self) -> None:
+        """Release the sessions' pins and free every cached page (no running request may hold tree pages)."""
         self.sessions.unpin_all()
         self.cache.reset()
-        return True
 
     def open_session(self, capacity_of_str_len: int | None = None, session_id: str | None = None) -> str:
         """Open a session (scheduler thread); RequestError for a duplicate id or a bad value."""

@@ -135,8 +135,8 @@ def update_due(scheduler: Scheduler) -> ControlReq | None:
     """The waiting update, taken off the gate, once it may run: paused, or every request that arrived before it
     has finished. Its answer opens the gate (``update`` runs it)."""
     gate = scheduler.gate
-    if gate.pending is None or not (gate.paused is not None or not (
-            scheduler.running or scheduler.waiting or scheduler.launched)):
+    in_flight = scheduler.running or scheduler.waiting or scheduler.launched
+    if gate.pending is None or (gate.paused is None and in_flight):
         return None
     msg, gate.pending = gate.pending, None
     return msg
@@ -151,23 +151,12 @@ def update(scheduler: Scheduler, req: UpdateWeightsReq) -> WeightsOut:
         if req.flush_cache and scheduler.running:
             raise Conflict(f"{len(scheduler.running)} requests paused in place hold pages computed with the served "
                            "weights: pause with mode retract or abort first, or update with flush_cache false")
-        try:
-            if req.tensors is not None:
-                scheduler.runner.update_tensors(tensors_from_records(req.tensors))
-            elif req.model_path is None:
-                raise RequestError("an update of weights names a model_path or tensors")
-            else:
-                scheduler.runner.update_weights(Path(req.model_path))
-        except (ValueError, OSError, KeyError) as exc:  # the checkpoint cannot replace the served weights
-            if isinstance(exc, RequestError):
-                raise
-            raise RequestError(str(exc)) from exc
+        _load(scheduler.runner, req)
     finally:
         if gate.paused is None:
             release_held(scheduler)
     if req.flush_cache:
-        scheduler.sessions.unpin_all()
-        scheduler.cache.reset()
+        scheduler.drop_cache()
     if req.weight_version is not None:
         set_version(scheduler, req.weight_version)
     served = str(scheduler.runner.model_path)
@@ -175,6 +164,19 @@ def update(scheduler: Scheduler, req: UpdateWeightsReq) -> WeightsOut:
                 gate.weight_version)
     return WeightsOut(model_path=served, weight_version=gate.weight_version, aborted=gate.aborted,
                       message="Succeeded to update model weights." + (" Cache flushed." if req.flush_cache else ""))
+
+
+def _load(runner, req: UpdateWeightsReq) -> None:
+    """The runner's new weights; where the checkpoint or tensors cannot replace the served ones, a RequestError."""
+    if req.tensors is None and req.model_path is None:
+        raise RequestError("an update of weights names a model_path or tensors")
+    try:
+        if req.tensors is not None:
+            runner.update_tensors(tensors_from_records(req.tensors))
+        else:
+            runner.update_weights(Path(req.model_path))
+    except (ValueError, OSError, KeyError) as exc:
+        raise RequestError(str(exc)) from exc
 
 
 def weight_version(scheduler: Scheduler, req: WeightVersionReq) -> WeightsOut:
