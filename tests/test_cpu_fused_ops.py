@@ -117,11 +117,17 @@ def test_silu_and_mul_matches_torch(dtype, inter):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("inter", [37, 1536])
 def test_gelu_tanh_and_mul_matches_torch(dtype, inter):
+    """Where the gate is far below zero, 1 + tanh(...) cancels: a last-bit difference between two tanh
+    implementations (ATen's portable build calls std::tanh, torch's own kernels Sleef's) shows there as up to
+    |gate * up| 2^-23 of absolute error (a few millionths here), which the bound allows elementwise."""
     gate_up = (torch.randn(11, 2 * inter) * 4).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
     atol, rtol = TOLERANCE[dtype]
-    expected = F.gelu(gate, approximate="tanh") * up
-    torch.testing.assert_close(gelu_tanh_and_mul(gate_up), expected, atol=max(atol, 1e-6), rtol=rtol)
+    expected = (F.gelu(gate, approximate="tanh") * up).float()
+    got = gelu_tanh_and_mul(gate_up).float()
+    cancellation = (gate.float() * up.float()).abs() * 2.0**-23
+    bound = max(atol, 1e-6) + rtol * expected.abs() + cancellation
+    assert ((got - expected).abs() <= bound).all(), float(((got - expected).abs() - bound).max())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
