@@ -321,22 +321,50 @@ class LlamaForCausalLM(InferenceModule):
         """The family's last touch to its logits (Granite divides them by ``logits_scaling``)."""
         return logits if self.logits_scaling is None else logits / self.logits_scaling
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def _place(self, name: str) -> tuple[str, str, int] | None:
+        """Where a checkpoint tensor (its name as the loader's renaming left it) is held: the module's path, the
+        parameter's name and the index of its shard in a merged weight; None for one the model does without."""
+        name = name.removeprefix("model.")
+        if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
+            return None
+        module_path, _, param = name.rpartition(".")
+        owner, _, proj = module_path.rpartition(".")
+        if proj in self._MERGED:
+            target, index = self._MERGED[proj]
+            return f"{owner}.{target}", param, index
+        return module_path, param, 0
+
+    def read_weight(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The served values of checkpoint tensor ``name`` (of ``shape`` in the checkpoint), in the checkpoint's
+        layout and the model's dtype: what the forward multiplies by, read back from a packed weight through its own
+        kernel (an identity matrix through it). A ``ValueError`` for a tensor the model does not hold as one."""
+        if self.tp.size > 1:
+            raise ValueError("weights cannot be read back under tensor parallelism (--tp-size > 1)")
+        if len(shape) > 2 or name.endswith("weight_scale"):
+            raise ValueError(f"{name!r} is not held as one tensor here (experts stacked in one tensor, fp8 scales: "
+                             "read the experts' or the weight's own)")
+        if name == "lm_head.weight" and self.lm_head is None:
+            name = "model.embed_tokens.weight"  # tied: the embedding is the head
+        modules = dict(self.named_modules())
+        parts = []
+        for part_name, part in _unfused(_expert_tensors([(name, torch.empty(shape, device="meta"))]), self.config):
+            place = self._place(part_name)
+            module = None if place is None else modules.get(place[0])
+            if module is None:
+                raise ValueError(f"{name!r} has no place in {type(self).__name__}")
+            parts.append(_held(module, place[1], place[2], part.shape[0], self.embed_tokens.weight.dtype))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], partial: bool = False) -> None:
+        """Load a checkpoint's tensors into their places; ``partial``: some of them, into a loaded model (each
+        copied into its parameter, which keeps its address), else every weight must be filled."""
         modules = dict(self.named_modules())
         seen: set[str] = set()
         for name, tensor in _unfused(_expert_tensors(fp8_tensors(weights, self.fp8_scheme)), self.config):
-            if name.startswith("model."):
-                name = name[len("model.") :]
-            if "rotary_emb" in name:
+            place = self._place(name)
+            if place is None:
                 continue
-            if name == "lm_head.weight" and self.lm_head is None:
-                continue
-            module_path, _, param = name.rpartition(".")
-            owner, _, proj = module_path.rpartition(".")
-            index = 0
-            if proj in self._MERGED:
-                target, index = self._MERGED[proj]
-                module_path = f"{owner}.{target}"
+            module_path, param, index = place
             module = modules.get(module_path)
             if module is None:
                 raise KeyError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
@@ -346,6 +374,8 @@ class LlamaForCausalLM(InferenceModule):
                 getattr(module, param).data.copy_(tensor)
             if param != "weight_scale":  # an fp8 weight's scales, which model/fp8.py pairs with its bits
                 seen.add(f"{module_path}.{param}.{index}")
+        if partial:
+            return
         expected = sum(
             len(getattr(m, "local_sizes", [0])) if n.endswith(("qkv_proj", "gate_up_proj")) else 1
             for n, m in self.named_modules()
@@ -356,6 +386,20 @@ class LlamaForCausalLM(InferenceModule):
                              "embedding model? Serve it with --is-embedding (Engine(is_embedding=True))")
         if len(seen) != expected:
             raise ValueError(f"the checkpoint filled {len(seen)} of {expected} weights")
+
+
+def _held(module: nn.Module, param: str, index: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """Parameter ``param`` of ``module`` as the forward uses it (shard ``index`` of a merged weight, ``rows`` long;
+    ``dtype``: the model's)."""
+    if param == "weight" and getattr(module, "packed", None) is not None:
+        inputs = module.in_features if isinstance(module, ColumnParallelLinear) else module.local_in
+        held = packed_linear(torch.eye(inputs, dtype=dtype), module.packed).t()  # each output 1 x w: exact
+    else:
+        held = getattr(module, param).detach()
+    if isinstance(module, VocabParallelEmbedding):
+        held = held[: module.vocab_size]
+    offset = sum(getattr(module, "local_sizes", [0])[:index])
+    return held[offset : offset + rows]
 
 
 _MIXTRAL_EXPERT = re.compile(r"\.experts\.(\d+)\.w([123])\.")

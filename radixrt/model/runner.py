@@ -279,12 +279,32 @@ class ModelRunner:
     def update_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         """Serve these tensors (checkpoint names, any subset) in place of the served ones from the next forward on;
         the rest stay. A ``ValueError`` names a tensor the checkpoint lacks or holds in another shape."""
+        self._check_one_rank()
         check_tensor_names(checkpoint_shapes(self.model_path), tensors)
-        self._replace_model(self.model_path, {**self.overlay, **tensors})
+        if self.packed_linears == 0 and self.model.fp8_scheme is None:  # plain tensors: each copied into its place
+            self.model.load_weights(text_model_tensors(tensors.items()), partial=True)
+            logger.info("%d tensors loaded in place", len(tensors))
+        else:
+            self._replace_model(self.model_path, {**self.overlay, **{n: t.cpu() for n, t in tensors.items()}})
 
-    def _replace_model(self, model_path: Path, overlay: dict[str, torch.Tensor]) -> None:
+    def read_weight(self, name: str) -> torch.Tensor:
+        """The served values of checkpoint tensor ``name`` in the checkpoint's layout (``lm_head.weight`` of a model
+        whose head is its embedding: the embedding); a ``KeyError`` for a name the checkpoint lacks, a
+        ``ValueError`` for one the model does not hold as one tensor."""
+        shapes = checkpoint_shapes(self.model_path)
+        tied_head = name == "lm_head.weight" and self.model.lm_head is None and "model.embed_tokens.weight" in shapes
+        if tied_head:
+            shapes.setdefault(name, shapes["model.embed_tokens.weight"])
+        if name not in shapes:
+            raise KeyError(f"{name!r} is not a tensor of the served checkpoint (names as in its safetensors files)")
+        return self.model.read_weight(name, shapes[name])
+
+    def _check_one_rank(self) -> None:
         if self.world is not None:
             raise ValueError("weights cannot be updated under tensor parallelism (--tp-size > 1) yet")
+
+    def _replace_model(self, model_path: Path, overlay: dict[str, torch.Tensor]) -> None:
+        self._check_one_rank()
         started = time.perf_counter()
         in_place = self.packed_linears == 0
         model, _ = self._build_model(model_path, torch.device("cpu"), pack=not in_place, overlay=overlay)
