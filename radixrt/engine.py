@@ -202,6 +202,7 @@ class Engine(WeightCalls):
                 if not self.scheduler.step():
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
+            self.scheduler.close()
             self.loaded.close()  # here: the follower ranks take their stop in step order
         except BaseException as exc:  # the model cannot run any more: fail every caller instead of hanging them
             logger.exception("the scheduler thread died")

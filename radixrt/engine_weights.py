@@ -7,7 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 from radixrt.protocol.errors import RequestError
-from radixrt.protocol.messages import ContinueReq, Control, PauseReq, UpdateWeightsReq, WeightVersionReq
+from radixrt.protocol.messages import (
+    Broadcast,
+    ContinueReq,
+    Control,
+    DestroyWeightGroupReq,
+    InitWeightGroupReq,
+    PauseReq,
+    UpdateWeightsReq,
+    WeightsByNameReq,
+    WeightVersionReq,
+)
 
 
 class WeightCalls:
@@ -50,6 +60,51 @@ class WeightCalls:
         except RequestError as exc:
             return False, f"weights not updated: {exc}"
         return True, out.message
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = "weight_update_group", backend: str = "nccl") -> tuple[bool, str]:
+        """SGLang's: join a trainer's process group (the trainer is rank 0 and hosts the rendezvous at
+        ``master_address:master_port``) as rank ``rank_offset`` of ``world_size``, for
+        ``update_weights_from_distributed``. Returns once every rank has joined. ``backend``: ``gloo`` (a runtime on
+        a CPU) or ``nccl`` (on CUDA). Trainers create their side with
+        ``radixrt.model.weight_group.init_custom_process_group`` (or SGLang's)."""
+        try:
+            out = self._call(InitWeightGroupReq(master_address, int(master_port), int(rank_offset), int(world_size),
+                                                group_name, backend))
+        except RequestError as exc:
+            return False, str(exc)
+        return True, out.message
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[Any], shapes: list[list[int]],
+                                        group_name: str = "weight_update_group", flush_cache: bool = True,
+                                        abort_all_requests: bool = False, weight_version: str | None = None,
+                                        load_format: str | None = None) -> tuple[bool, str]:
+        """SGLang's: serve the tensors the trainer broadcasts from rank 0 of ``group_name``, in this order (names as
+        in the checkpoint's safetensors files, dtypes as torch names them or ``torch.dtype``), with
+        ``update_weights_from_tensor``'s rules: it waits for the requests in flight, the tensors not sent stay.
+        Returns ``(success, message)``."""
+        try:
+            if load_format not in (None, "auto"):
+                raise RequestError(f"load_format {load_format!r}: radixrt takes the tensors as they are (auto)")
+            broadcast = Broadcast(list(names), [str(dtype).removeprefix("torch.") for dtype in dtypes],
+                                  [[int(size) for size in shape] for shape in shapes], group_name)
+            out = self._call(UpdateWeightsReq(None, abort_all_requests, weight_version, flush_cache,
+                                              broadcast=broadcast))
+        except RequestError as exc:
+            return False, f"weights not updated: {exc}"
+        return True, out.message
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> tuple[bool, str]:
+        try:
+            return True, self._call(DestroyWeightGroupReq(group_name)).message
+        except RequestError as exc:
+            return False, str(exc)
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """SGLang's: the served values of checkpoint tensor ``name`` (its first ``truncate_size`` rows, float32, as
+        ``model.get_parameter(name)[:truncate_size].tolist()`` gives them in transformers), for checking that an
+        update landed. A ``NotFound`` (a ``ValueError``) for a name the checkpoint lacks."""
+        return self._call(WeightsByNameReq(name, int(truncate_size))).values
 
     def pause_generation(self, mode: str = "abort") -> None:
         """SGLang's: no step runs until ``continue_generation``; requests made meanwhile wait. ``abort`` ends the

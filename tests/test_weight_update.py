@@ -106,30 +106,73 @@ def test_runner_update_equals_a_runner_loaded_from_the_new_weights(tmp_path, mon
         assert {name: p.data_ptr() for name, p in served.named_parameters()} == addresses
 
 
-def test_runner_update_tensors_in_buckets_equals_the_new_checkpoint(tmp_path):
+@pytest.mark.parametrize("packed", [True, False], ids=["packed-rebuilt", "plain-in-place"])
+@pytest.mark.parametrize("family", ["qwen3", "phi3"])
+def test_runner_update_tensors_in_buckets_equals_the_new_checkpoint(tmp_path, monkeypatch, family, packed):
     """SGLang's update from tensors, a trainer's buckets: each call replaces some tensors and keeps the rest (the
-    earlier buckets' included); a tensor the checkpoint lacks, or of another shape, changes nothing."""
+    earlier buckets' included); a tensor the checkpoint lacks, or of another shape, changes nothing. Packed: the
+    model is built again from the checkpoint and the tensors sent. Plain tensors: each is copied into its place (a
+    fused q/k/v or gate/up too) and no checkpoint file is read."""
     from safetensors.torch import load_file
 
-    save_tiny_model("qwen3", tmp_path / "old", seed=0)
-    save_tiny_model("qwen3", tmp_path / "new", seed=1)
+    import radixrt.model.runner as runner_module
+
+    if not packed:
+        monkeypatch.setenv("RADIXRT_DISABLE_PACKED_LINEAR", "1")
+    save_tiny_model(family, tmp_path / "old", seed=0)
+    save_tiny_model(family, tmp_path / "new", seed=1)
     runner = ModelRunner(tmp_path / "old", dtype="float32", page_size=4, num_pages=16)
     fresh = _logits(ModelRunner(tmp_path / "new", dtype="float32", page_size=4, num_pages=16))
     before = _logits(runner)
+    addresses = {name: p.data_ptr() for name, p in runner.model.named_parameters()}
     new = sorted(load_file(tmp_path / "new" / "model.safetensors").items())
     with pytest.raises(ValueError, match="not a tensor of the served checkpoint"):
-        runner.update_tensors({"model.layers.9.mlp.up_proj.weight": new[0][1]})
+        runner.update_tensors({new[1][0]: new[1][1], "model.layers.9.mlp.up_proj.weight": new[0][1]})
     with pytest.raises(ValueError, match="shape"):
-        runner.update_tensors({new[0][0]: new[0][1][:1]})
+        runner.update_tensors({new[1][0]: new[1][1], new[0][0]: new[0][1][:1]})
     assert torch.equal(_logits(runner), before)
+    if not packed:
+        def no_reading(path):
+            raise AssertionError(f"read {path} for an update in place")
+        monkeypatch.setattr(runner_module, "iterate_safetensors", no_reading)
     runner.update_tensors(dict(new[: len(new) // 2]))
     half = _logits(runner)
     assert not torch.equal(half, before) and not torch.equal(half, fresh)
     runner.update_tensors(dict(new[len(new) // 2:]))
     assert torch.equal(_logits(runner), fresh)
-    assert len(runner.overlay) == len(new)
-    runner.update_weights(tmp_path / "old")  # from disk: the tensors sent are dropped
-    assert runner.overlay == {} and torch.equal(_logits(runner), before)
+    for name, tensor in new:
+        assert torch.equal(runner.read_weight(name), tensor), name
+    if packed:
+        assert len(runner.overlay) == len(new)
+        runner.update_weights(tmp_path / "old")  # from disk: the tensors sent are dropped
+        assert runner.overlay == {} and torch.equal(_logits(runner), before)
+    else:
+        assert runner.overlay == {}
+        assert {name: p.data_ptr() for name, p in runner.model.named_parameters()} == addresses
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "plain"])
+@pytest.mark.parametrize("family", ["llama", "phi3", "qwen3-moe"])
+def test_read_weight_gives_the_served_values_in_the_checkpoint_layout(tmp_path, monkeypatch, family, packed, dtype):
+    """SGLang's get_weights_by_name: every checkpoint tensor read back from the served model (a packed weight
+    through its kernel; a fused q/k/v or gate/up, an expert, a tied head) equals the checkpoint's, rounded to the
+    served dtype."""
+    from safetensors.torch import load_file
+
+    if not packed:
+        monkeypatch.setenv("RADIXRT_DISABLE_PACKED_LINEAR", "1")
+    save_tiny_model(family, tmp_path, seed=0)
+    runner = ModelRunner(tmp_path, dtype=dtype, page_size=4, num_pages=16)
+    if packed and dtype == "float32":
+        assert runner.packed_linears > 0
+    tensors = load_file(tmp_path / "model.safetensors")
+    for name, tensor in tensors.items():
+        assert torch.equal(runner.read_weight(name), tensor.to(getattr(torch, dtype))), name
+    head = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
+    assert torch.equal(runner.read_weight("lm_head.weight"), tensors[head].to(getattr(torch, dtype)))
+    with pytest.raises(KeyError, match="not a tensor of the served checkpoint"):
+        runner.read_weight("model.layers.0.mlp.nothing.weight")
 
 
 def test_runner_refuses_another_model_and_keeps_its_weights(tmp_path):
@@ -382,3 +425,45 @@ def test_http_routes_update_pause_and_name_the_weights(http, tuned_path, referen
     assert res.json() == {"success": True, "message": "Weight version updated to v2", "new_version": "v2"}
     assert http.get("/get_weight_version").json() == {"weight_version": "v2"}
     assert _generate(http, PROMPTS[1])["meta_info"]["weight_version"] == "v2"
+
+
+@pytest.mark.model
+def test_http_routes_join_a_trainer_take_its_broadcast_and_read_the_weights_back(http, tuned_path, references,
+                                                                                default_model_path, tmp_path):
+    """SGLang's /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group and
+    /get_weights_by_name, a trainer in a process of its own (tests/weight_trainer.py)."""
+    from safetensors.torch import load_file
+
+    from weight_trainer import GROUP, announce, start_trainer
+
+    assert http.post("/update_weights_from_disk", json={"model_path": str(default_model_path)}).status_code == 200
+    tensors = sorted(load_file(tuned_path / "model.safetensors").items())
+    name, value = tensors[-1]
+    served = http.post("/get_weights_by_name", json={"name": name, "truncate_size": 3})
+    assert served.status_code == 200, served.text
+    assert served.json() != value[:3].float().tolist()
+    trainer, port = start_trainer(tmp_path, tuned_path, [[n for n, _ in tensors]])
+    try:
+        res = http.post("/init_weights_update_group", json={"master_address": "127.0.0.1", "master_port": port,
+                                                            "rank_offset": 1, "world_size": 2, "backend": "gloo"})
+        assert res.json() == {"success": True, "message": f"Succeeded to initialize group {GROUP}."}
+        res = http.post("/update_weights_from_distributed", json={**announce(tensors), "weight_version": "rl-1"})
+        assert res.status_code == 200 and res.json()["success"] is True, res.text
+        assert trainer.wait(timeout=60) == 0
+    finally:
+        trainer.kill()
+    assert [_generate(http, p)["output_ids"] for p in PROMPTS] == references["new"]
+    assert http.get("/get_weight_version").json() == {"weight_version": "rl-1"}
+    served = http.request("GET", "/get_weights_by_name", json={"name": name, "truncate_size": 3}).json()
+    assert served == value[:3].float().tolist()
+    assert http.post("/destroy_weights_update_group", json={}).json()["success"] is True
+    for path, body, status, words in [
+        ("/destroy_weights_update_group", {"group_name": GROUP}, 404, "no weight group"),
+        ("/update_weights_from_distributed", announce(tensors[:1]), 404, "no weight group"),
+        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
+                                        "world_size": 2}, 400, "backend nccl needs a runtime on CUDA"),
+        ("/get_weights_by_name", {"name": "model.nothing.weight"}, 404, "not a tensor of the served checkpoint"),
+    ]:
+        res = http.post(path, json=body)
+        assert res.status_code == status and words in res.text, (path, res.text)
+

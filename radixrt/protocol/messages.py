@@ -308,6 +308,52 @@ class UpdateWeightsReq(msgspec.Struct, tag=True):
     weight_version: str | None = None  # the new weights' version (else the version stays)
     flush_cache: bool = True
     tensors: list[TensorRecord] | None = None
+    broadcast: Broadcast | None = None
+
+
+class Broadcast(msgspec.Struct, tag=True):
+    """SGLang's /update_weights_from_distributed: the tensors the trainer broadcasts from rank 0 of the weight group
+    ``group_name`` (see ``InitWeightGroupReq``), in this order, under the checkpoint's names."""
+
+    names: list[str]
+    dtypes: list[str]  # as torch names them: bfloat16, float32
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+
+
+class InitWeightGroupReq(msgspec.Struct, tag=True):
+    """SGLang's /init_weights_update_group: join a trainer's process group (the trainer is rank 0 and hosts the
+    rendezvous at ``master_address:master_port``) as rank ``rank_offset`` of ``world_size``; answered once every rank
+    has joined. ``backend``: ``gloo`` (tensors in host memory) or ``nccl`` (a runtime on CUDA)."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class DestroyWeightGroupReq(msgspec.Struct, tag=True):
+    """SGLang's /destroy_weights_update_group."""
+
+    group_name: str = "weight_update_group"
+
+
+class WeightGroupOut(msgspec.Struct, tag=True):
+    message: str
+
+
+class WeightsByNameReq(msgspec.Struct, tag=True):
+    """SGLang's /get_weights_by_name: the first ``truncate_size`` rows of the served values of checkpoint tensor
+    ``name`` (its first values, for one of one dimension), in float32."""
+
+    name: str
+    truncate_size: int = 100
+
+
+class WeightsByNameOut(msgspec.Struct, tag=True):
+    values: list
 
 
 class WeightVersionReq(msgspec.Struct, tag=True):
@@ -329,9 +375,9 @@ class WeightsOut(msgspec.Struct, tag=True):
 
 Control = Union[StatsReq, FlushCacheReq, OpenSessionReq, CloseSessionReq, StartProfileReq, StopProfileReq,
                 ProfileStateReq, LoadLoraReq, UnloadLoraReq, PauseReq, ContinueReq, UpdateWeightsReq,
-                WeightVersionReq]
+                WeightVersionReq, InitWeightGroupReq, DestroyWeightGroupReq, WeightsByNameReq]
 ControlReply = Union[StatsOut, FlushCacheOut, OpenSessionOut, CloseSessionOut, ProfileOut, ProfileStateOut,
-                     LoraAdaptersOut, PauseOut, WeightsOut]
+                     LoraAdaptersOut, PauseOut, WeightsOut, WeightGroupOut, WeightsByNameOut]
 
 
 class ControlReq(msgspec.Struct, tag=True):

@@ -1,7 +1,7 @@
 """Control calls: the scheduler's answer to each ``ControlReq``, between steps, on the scheduler's thread.
 
 ``answer`` looks the request's type up in ``HANDLERS`` (an update of weights is answered once its turn comes:
-radixrt.scheduler.weights) and wraps the result in a ``ControlOut`` with the
+radixrt.scheduler.weights; joining a weight group once every rank has joined: radixrt.scheduler.weight_groups) and wraps the result in a ``ControlOut`` with the
 request's id (the client matches it to its caller by that id). A ``RequestError`` is the caller's fault (400,
 404 or 409 for its kinds ``NotFound``, ``Conflict``);
 any other error is a failure (500), logged here. A control call reaches the scheduler in its inbox, so it sees
@@ -27,6 +27,7 @@ from radixrt.protocol.messages import (
     LoadLoraReq,
     LoraAdaptersOut,
     ContinueReq,
+    DestroyWeightGroupReq,
     OpenSessionOut,
     OpenSessionReq,
     PauseReq,
@@ -39,9 +40,10 @@ from radixrt.protocol.messages import (
     StopProfileReq,
     UnloadLoraReq,
     UpdateWeightsReq,
+    WeightsByNameReq,
     WeightVersionReq,
 )
-from radixrt.scheduler import weights
+from radixrt.scheduler import weight_groups, weights
 
 if TYPE_CHECKING:
     from radixrt.scheduler.scheduler import Scheduler
@@ -94,6 +96,7 @@ HANDLERS: dict[type, Callable[[Any, Any], Any]] = {
     StartProfileReq: _start_profile, StopProfileReq: _stop_profile, ProfileStateReq: _profile_state,
     LoadLoraReq: _load_lora, UnloadLoraReq: _unload_lora, PauseReq: weights.pause,
     ContinueReq: weights.resume, UpdateWeightsReq: weights.update, WeightVersionReq: weights.weight_version,
+    DestroyWeightGroupReq: weight_groups.destroy, WeightsByNameReq: weights.weights_by_name,
 }
 
 

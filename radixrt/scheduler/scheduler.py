@@ -42,6 +42,7 @@ from radixrt.protocol.messages import (
     ControlReq,
     FinishReason,
     GenerateReq,
+    InitWeightGroupReq,
     ReqDelta,
     SchedulerStats,
     UpdateWeightsReq,
@@ -60,6 +61,7 @@ from radixrt.scheduler.reporting import collect_stats, log_progress
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.sessions import Sessions
 from radixrt.scheduler.speculation import Speculator
+from radixrt.scheduler.weight_groups import WeightGroups, begin_join
 from radixrt.scheduler.weights import Gate, begin_update, update_due
 from radixrt.server_args import ServerArgs
 
@@ -118,6 +120,7 @@ class Scheduler:
             self.output.speculator = self.speculator
         self.inbox: deque[GenerateReq | AbortReq | ControlReq] = deque()
         self.gate = Gate(args.weight_version)  # pauses and updates of weights (scheduler/weights.py)
+        self.weight_groups = WeightGroups()  # trainers' process groups (scheduler/weight_groups.py)
         self.output.weight_version = args.weight_version
         self.running: list[Req] = []
         overlap_here = args.enable_overlap_schedule or runner.device.type == "cuda"
@@ -188,6 +191,11 @@ class Scheduler:
             elif isinstance(msg, ControlReq):
                 if isinstance(msg.body, UpdateWeightsReq) and self.gate.pending is None:
                     begin_update(self, msg)  # answered once its turn comes (_step)
+                elif isinstance(msg.body, InitWeightGroupReq):
+                    try:
+                        begin_join(self, msg)  # answered once every rank has joined (_step)
+                    except RequestError as exc:
+                        self.sink(ControlOut(msg.id, error=str(exc), status_code=status_of(exc)))
                 else:
                     self.sink(answer(self, msg))
 
@@ -247,6 +255,10 @@ class Scheduler:
                     self.output.emit([req])
                     return
 
+    def close(self) -> None:
+        """The runtime stops: leave the trainers' process groups (scheduler thread, after the last step)."""
+        self.weight_groups.close()
+
     def flush_cache(self) -> bool:
         """Drop every cached page; only possible while nothing runs. Open sessions lose their pins (they stay
         open; their next turn is computed again)."""
@@ -277,7 +289,7 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """Nothing to do until a message arrives (paused: nothing can progress before one does)."""
-        if self.inbox or self.launched:
+        if self.inbox or self.launched or self.weight_groups.joining:
             return False
         gate = self.gate
         return gate.paused is not None or not (self.waiting or self.running or gate.pending or gate.held)
@@ -311,6 +323,7 @@ class Scheduler:
             return True
         had_messages = bool(self.inbox)
         self._take_inbox()
+        self.weight_groups.settle(self.sink)
         update = update_due(self)
         if update is not None:
             self.sink(answer(self, update))

@@ -18,6 +18,8 @@ opens again; aborts and control calls are served as always. It closes for:
 
 ``weight_version`` names the served weights (``--weight-version`` at start, then each update's or
 ``WeightVersionReq``'s); every request's last delta carries it (``meta_info["weight_version"]``).
+``weights_by_name`` reads the served values of one tensor back (SGLang's /get_weights_by_name, for checking that an
+update landed).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from radixrt.model.reload import tensors_from_records
-from radixrt.protocol.errors import Conflict, RequestError
+from radixrt.protocol.errors import Conflict, NotFound, RequestError
 from radixrt.protocol.messages import (
+    Broadcast,
     ContinueReq,
     ControlReq,
     FinishReason,
@@ -37,6 +40,8 @@ from radixrt.protocol.messages import (
     PauseOut,
     PauseReq,
     UpdateWeightsReq,
+    WeightsByNameOut,
+    WeightsByNameReq,
     WeightsOut,
     WeightVersionReq,
 )
@@ -151,7 +156,7 @@ def update(scheduler: Scheduler, req: UpdateWeightsReq) -> WeightsOut:
         if req.flush_cache and scheduler.running:
             raise Conflict(f"{len(scheduler.running)} requests paused in place hold pages computed with the served "
                            "weights: pause with mode retract or abort first, or update with flush_cache false")
-        _load(scheduler.runner, req)
+        _load(scheduler, req)
     finally:
         if gate.paused is None:
             release_held(scheduler)
@@ -160,23 +165,47 @@ def update(scheduler: Scheduler, req: UpdateWeightsReq) -> WeightsOut:
     if req.weight_version is not None:
         set_version(scheduler, req.weight_version)
     served = str(scheduler.runner.model_path)
-    logger.info("weights updated from %s (version %s)", served if req.tensors is None else "tensors",
-                gate.weight_version)
+    source = "tensors" if req.tensors is not None else "a broadcast" if req.broadcast is not None else served
+    logger.info("weights updated from %s (version %s)", source, gate.weight_version)
     return WeightsOut(model_path=served, weight_version=gate.weight_version, aborted=gate.aborted,
                       message="Succeeded to update model weights." + (" Cache flushed." if req.flush_cache else ""))
 
 
-def _load(runner, req: UpdateWeightsReq) -> None:
+def _load(scheduler: Scheduler, req: UpdateWeightsReq) -> None:
     """The runner's new weights; where the checkpoint or tensors cannot replace the served ones, a RequestError."""
-    if req.tensors is None and req.model_path is None:
-        raise RequestError("an update of weights names a model_path or tensors")
+    runner = scheduler.runner
+    if req.tensors is None and req.model_path is None and req.broadcast is None:
+        raise RequestError("an update of weights names a model_path, tensors or a broadcast")
     try:
-        if req.tensors is not None:
+        if req.broadcast is not None:
+            runner.update_tensors(_receive(scheduler, req.broadcast))
+        elif req.tensors is not None:
             runner.update_tensors(tensors_from_records(req.tensors))
         else:
             runner.update_weights(Path(req.model_path))
+    except RequestError:
+        raise  # no such weight group (404)
     except (ValueError, OSError, KeyError) as exc:
         raise RequestError(str(exc)) from exc
+
+
+def _receive(scheduler: Scheduler, broadcast: Broadcast) -> dict:
+    """The tensors a trainer broadcasts through its weight group (radixrt.scheduler.weight_groups); a group whose
+    broadcast failed is left."""
+    import torch.distributed as dist
+
+    from radixrt.model.weight_group import check_announcement, receive
+
+    groups = scheduler.weight_groups
+    group = groups.group(broadcast.group_name)
+    check_announcement(broadcast.names, broadcast.dtypes, broadcast.shapes)
+    device = scheduler.runner.device if dist.get_backend(group) == "nccl" else "cpu"
+    try:
+        return receive(group, broadcast.names, broadcast.dtypes, broadcast.shapes, device)
+    except RuntimeError as exc:  # the trainer left, or sent other tensors than it announced
+        groups.drop(broadcast.group_name)
+        raise RequestError(f"receiving the tensors of weight group {broadcast.group_name!r} failed (the group is "
+                           f"left; create it again): {exc}") from exc
 
 
 def weight_version(scheduler: Scheduler, req: WeightVersionReq) -> WeightsOut:
@@ -187,6 +216,23 @@ def weight_version(scheduler: Scheduler, req: WeightVersionReq) -> WeightsOut:
         set_version(scheduler, req.new_version)
     return WeightsOut(model_path=str(scheduler.runner.model_path), weight_version=scheduler.gate.weight_version,
                       aborted=aborted)
+
+
+MAX_VALUES_READ = 1 << 24  # about 200 MB of JSON
+
+
+def weights_by_name(scheduler: Scheduler, req: WeightsByNameReq) -> WeightsByNameOut:
+    if req.truncate_size < 0:
+        raise RequestError(f"truncate_size {req.truncate_size} is negative")
+    try:
+        values = scheduler.runner.read_weight(req.name)[: req.truncate_size]
+    except KeyError as exc:
+        raise NotFound(exc.args[0]) from exc
+    except ValueError as exc:
+        raise RequestError(str(exc)) from exc
+    if values.numel() > MAX_VALUES_READ:
+        raise RequestError(f"{values.numel()} values asked for, more than {MAX_VALUES_READ}: ask for fewer rows")
+    return WeightsByNameOut(values.float().tolist())
 
 
 def set_version(scheduler: Scheduler, version: str) -> None:

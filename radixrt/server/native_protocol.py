@@ -208,6 +208,47 @@ class UpdateWeightsBody(msgspec.Struct, forbid_unknown_fields=True):
         return None
 
 
+GroupName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class InitWeightsGroupBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's /init_weights_update_group: join the trainer's process group (rank 0, hosting the rendezvous at
+    ``master_address:master_port``) as rank ``rank_offset`` of ``world_size``."""
+
+    master_address: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    master_port: Annotated[int, msgspec.Meta(ge=1, le=65535)]
+    rank_offset: Annotated[int, msgspec.Meta(ge=1)]
+    world_size: Annotated[int, msgspec.Meta(ge=2)]
+    group_name: GroupName = "weight_update_group"
+    backend: Literal["gloo", "nccl"] = "nccl"
+
+
+class UpdateDistributedBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's /update_weights_from_distributed: the tensors the trainer broadcasts from rank 0 of ``group_name``,
+    in this order, under the checkpoint's names."""
+
+    names: list[Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]]
+    dtypes: list[Annotated[str, msgspec.Meta(min_length=1, max_length=64)]]
+    shapes: list[list[Annotated[int, msgspec.Meta(ge=0)]]]
+    group_name: GroupName = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: Version | None = None
+    load_format: Literal["auto"] | None = None
+
+
+class DestroyWeightsGroupBody(msgspec.Struct, forbid_unknown_fields=True):
+    group_name: GroupName = "weight_update_group"
+
+
+class WeightsByNameBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's /get_weights_by_name: the first ``truncate_size`` rows of the served values of checkpoint tensor
+    ``name``, in float32."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    truncate_size: Annotated[int, msgspec.Meta(ge=0)] = 100
+
+
 class PauseBody(msgspec.Struct, forbid_unknown_fields=True):
     """SGLang's /pause_generation: ``abort`` ends the requests in flight, ``retract`` frees their pages (computed
     again after the pause), ``in_place`` keeps them."""

@@ -29,9 +29,11 @@ from radixrt.server.json_numbers import INT64_MAX, INT64_MIN
 from radixrt.server.native_protocol import (
     AbortBody,
     CloseSessionBody,
+    DestroyWeightsGroupBody,
     DetokenizeBody,
     EncodeBody,
     GenerateBody,
+    InitWeightsGroupBody,
     LoadLoraBody,
     ContinueBody,
     OpenSessionBody,
@@ -39,7 +41,9 @@ from radixrt.server.native_protocol import (
     StartProfileBody,
     TokenizeBody,
     UnloadLoraBody,
+    UpdateDistributedBody,
     UpdateWeightsBody,
+    WeightsByNameBody,
     WeightVersionBody,
 )
 
@@ -119,11 +123,14 @@ BOUNDS: dict[str, dict[str, Any]] = {
 TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completion_tokens", "min_tokens")
 STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProfileBody, oai.CompletionRequest,
            oai.ChatCompletionRequest, TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, EncodeBody, oai.ClassifyRequest,
-           oai.ScoreRequest, oai.RerankRequest, oai.PairScoreRequest, LoadLoraBody, UnloadLoraBody, UpdateWeightsBody, PauseBody,
-           ContinueBody, WeightVersionBody, ErrorResponse]
+           oai.ScoreRequest, oai.RerankRequest, oai.PairScoreRequest, LoadLoraBody, UnloadLoraBody, UpdateWeightsBody,
+           InitWeightsGroupBody, UpdateDistributedBody, DestroyWeightsGroupBody, PauseBody, ContinueBody,
+           WeightsByNameBody, WeightVersionBody, ErrorResponse]
 
 UPDATE_ANSWER = {"type": "object", "required": ["success", "message", "num_paused_requests"], "properties": {
     "success": {"type": "boolean"}, "message": {"type": "string"}, "num_paused_requests": {"type": "integer"}}}
+SUCCESS_ANSWER = {"type": "object", "required": ["success", "message"], "properties": {
+    "success": {"type": "boolean"}, "message": {"type": "string"}}}
 LORA_ANSWER = {"type": "object", "required": ["success", "loaded_adapters"], "properties": {
     "success": {"type": "boolean"}, "error_message": {"type": ["string", "null"]},
     "loaded_adapters": {"type": "object", "additionalProperties": {"type": "string"}}}}
@@ -400,6 +407,16 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
 
     update_answer = {"description": "whether the served weights are the new ones, and why not",
                      "content": {"application/json": {"schema": UPDATE_ANSWER}}}
+
+    def success_call(summary: str, body: str, *errors: int, required: bool = True) -> dict[str, Any]:
+        """SGLang's ``{"success", "message"}`` (radixrt.server.weights_routes); a body that does not parse, or a
+        runtime that is down: the error object."""
+        either = {"anyOf": [SUCCESS_ANSWER, {"$ref": REF.format(name="ErrorResponse")}]}
+        answer = {"description": "whether the call succeeded, and why not",
+                  "content": {"application/json": {"schema": either}}}
+        return {"summary": summary, "requestBody": {**_json_body(body), "required": required},
+                "responses": {str(code): answer for code in (200, *errors, 503)}}
+
     flush = get("drop the prefix cache (refused while requests are in flight)", text_ok, 400, 503)
     paths = {
         "/generate": {"post": post("generate (SGLang's native API)", "GenerateBody", stream_ok, 400, 404, 503)},
@@ -433,6 +450,16 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
             "summary": "serve the weights of another checkpoint of the same model, once the requests in flight are "
                        "done (new ones wait)", "requestBody": _json_body("UpdateWeightsBody"),
             "responses": {str(code): update_answer for code in (200, 400, 409)}}},
+        "/init_weights_update_group": {"post": success_call(
+            "join a trainer's process group (rank 0, hosting the rendezvous) for updates by broadcast; answered once "
+            "every rank has joined", "InitWeightsGroupBody", 400, 409)},
+        "/update_weights_from_distributed": {"post": success_call(
+            "serve the tensors the trainer broadcasts through its group, once the requests in flight are done (new "
+            "ones wait)", "UpdateDistributedBody", 400, 404, 409)},
+        "/destroy_weights_update_group": {"post": success_call("leave a trainer's process group",
+                                                               "DestroyWeightsGroupBody", 400, 404, required=False)},
+        "/get_weights_by_name": {m: post("the first rows of the served values of one checkpoint tensor, in "
+                                         "float32", "WeightsByNameBody", json_ok, 400, 404, 503) for m in ("get", "post")},
         "/pause_generation": {"post": optional_body("pause: no step runs, new requests wait (abort, retract or keep "
                                                     "the requests in flight)", "PauseBody")},
         "/continue_generation": {"post": optional_body("end a pause", "ContinueBody")},

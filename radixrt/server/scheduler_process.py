@@ -105,6 +105,7 @@ class SchedulerProcess:
                     return
 
     def close(self) -> None:
+        self.scheduler.close()
         self.loaded.close()
         for sock in (self.inbox, self.to_detokenizer, self.to_tokenizer):
             sock.close(0)

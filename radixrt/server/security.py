@@ -27,7 +27,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 OPEN_PATHS = frozenset({"/health"})
 ADMIN_PATHS = frozenset({"/flush_cache", "/abort_request", "/start_profile", "/stop_profile", "/load_lora_adapter",
                          "/unload_lora_adapter", "/update_weights_from_disk", "/pause_generation",
-                         "/continue_generation", "/update_weight_version"})
+                         "/continue_generation", "/update_weight_version", "/init_weights_update_group",
+                         "/update_weights_from_distributed", "/destroy_weights_update_group",
+                         "/get_weights_by_name"})
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

@@ -1,11 +1,13 @@
 """SGLang's routes for reinforcement-learning loops (admin routes): POST /update_weights_from_disk,
-/pause_generation, /continue_generation and /update_weight_version, GET /get_weight_version.
+/init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group, /pause_generation,
+/continue_generation, /update_weight_version and /get_weights_by_name (GET too), GET /get_weight_version.
 
 The scheduler serves them between steps (radixrt.scheduler.weights): an update waits for the requests in flight and
 holds new ones meanwhile, so its call may take as long as they do (no timeout here). A hub id or a GGUF file is
 resolved to a local folder first, on a thread of its own, so the scheduler reads local files only. Answers are
 SGLang's: ``{"success", "message", "num_paused_requests"}`` for an update (200, or the error's status with
-``success`` false: the served weights stay), ``{"message", "status": "ok"}`` for a pause or a continue,
+``success`` false: the served weights stay; ``{"success", "message"}`` for the weight group's calls),
+``{"message", "status": "ok"}`` for a pause or a continue,
 ``{"weight_version"}`` and ``{"success", "message", "new_version"}`` for the version.
 """
 
@@ -17,17 +19,39 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from radixrt.protocol.errors import RequestError, status_of
-from radixrt.protocol.messages import ContinueReq, PauseReq, UpdateWeightsReq, WeightVersionReq
+from radixrt.protocol.messages import (
+    Broadcast,
+    ContinueReq,
+    DestroyWeightGroupReq,
+    InitWeightGroupReq,
+    PauseReq,
+    UpdateWeightsReq,
+    WeightsByNameReq,
+    WeightVersionReq,
+)
 from radixrt.server.http_common import decode_request, json_response, route
-from radixrt.server.native_protocol import ContinueBody, PauseBody, UpdateWeightsBody, WeightVersionBody
+from radixrt.server.native_protocol import (
+    ContinueBody,
+    DestroyWeightsGroupBody,
+    InitWeightsGroupBody,
+    PauseBody,
+    UpdateDistributedBody,
+    UpdateWeightsBody,
+    WeightsByNameBody,
+    WeightVersionBody,
+)
 from radixrt.server.tokenizer_manager import TokenizerManager
 
 
 def add_weights_routes(app: FastAPI, tm: TokenizerManager) -> None:
     route(app, "/update_weights_from_disk", ["POST"], update_weights_from_disk, tm)
+    route(app, "/init_weights_update_group", ["POST"], init_weights_update_group, tm)
+    route(app, "/update_weights_from_distributed", ["POST"], update_weights_from_distributed, tm)
+    route(app, "/destroy_weights_update_group", ["POST"], destroy_weights_update_group, tm)
     route(app, "/pause_generation", ["POST"], pause_generation, tm)
     route(app, "/continue_generation", ["POST"], continue_generation, tm)
     route(app, "/get_weight_version", ["GET"], get_weight_version, tm)
+    route(app, "/get_weights_by_name", ["GET", "POST"], get_weights_by_name, tm)
     route(app, "/update_weight_version", ["POST"], update_weight_version, tm)
 
 
@@ -46,6 +70,35 @@ async def update_weights_from_disk(tm: TokenizerManager, request: Request) -> Re
         return json_response({"success": False, "message": f"weights not updated: {exc}", "num_paused_requests": 0},
                              status_of(exc) if isinstance(exc, RequestError) else 400)
     return json_response({"success": True, "message": out.message, "num_paused_requests": 0})
+
+
+async def init_weights_update_group(tm: TokenizerManager, request: Request) -> Response:
+    body = decode_request(await request.body(), InitWeightsGroupBody)
+    req = InitWeightGroupReq(body.master_address, body.master_port, body.rank_offset, body.world_size,
+                             body.group_name, body.backend)
+    return await _success(tm, req, "")  # answered once every rank has joined
+
+
+async def update_weights_from_distributed(tm: TokenizerManager, request: Request) -> Response:
+    body = decode_request(await request.body(), UpdateDistributedBody)
+    req = UpdateWeightsReq(None, body.abort_all_requests, body.weight_version, body.flush_cache,
+                           broadcast=Broadcast(body.names, body.dtypes, body.shapes, body.group_name))
+    return await _success(tm, req, "weights not updated: ")
+
+
+async def destroy_weights_update_group(tm: TokenizerManager, request: Request) -> Response:
+    raw = await request.body()
+    body = decode_request(raw, DestroyWeightsGroupBody) if raw.strip() else DestroyWeightsGroupBody()
+    return await _success(tm, DestroyWeightGroupReq(body.group_name), "")
+
+
+async def _success(tm: TokenizerManager, req, failed: str) -> Response:
+    """SGLang's ``{"success", "message"}``: 200, or the error's status with ``success`` false."""
+    try:
+        out = await tm.call(req, timeout=None)
+    except RequestError as exc:
+        return json_response({"success": False, "message": f"{failed}{exc}"}, status_of(exc))
+    return json_response({"success": True, "message": out.message})
 
 
 async def pause_generation(tm: TokenizerManager, request: Request) -> Response:
@@ -73,3 +126,9 @@ async def update_weight_version(tm: TokenizerManager, request: Request) -> Respo
     out = await tm.call(WeightVersionReq(body.new_version, body.abort_all_requests))
     return json_response({"success": True, "message": f"Weight version updated to {out.weight_version}",
                           "new_version": out.weight_version})
+
+
+async def get_weights_by_name(tm: TokenizerManager, request: Request) -> Response:
+    body = decode_request(await request.body(), WeightsByNameBody)
+    out = await tm.call(WeightsByNameReq(body.name, body.truncate_size))
+    return json_response(out.values)
