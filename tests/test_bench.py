@@ -469,14 +469,19 @@ def test_kernel_ab_reads_the_kernel_sources_of_a_revision_and_knows_this_trees()
 
 @pytest.mark.slow
 def test_kernel_ab_builds_other_sources_beside_the_runtimes_build():
-    """A build of other sources loads next to the runtime's and computes what it computes (one more compile)."""
+    """A build of other sources loads next to the runtime's and computes what it computes (one more compile: of
+    one kernel of the tree and a binding of its own, which is what the tool's staging, naming and loading need;
+    the whole tree would compile every kernel again for nothing more)."""
     import torch
 
     from radixrt.bench import kernel_ab
     from radixrt.kernels import cpu_kernels
 
-    sources = kernel_ab.tree_sources()
+    tree = kernel_ab.tree_sources()
+    sources = {name: tree[name] for name in ("greedy_tokens.cpp", "dtype_vec.h")}
     sources["greedy_tokens.cpp"] += b"\n// built again by the kernel A/B tool's test\n"
+    sources["bindings.cpp"] = (b"#include <torch/extension.h>\nat::Tensor greedy_tokens(at::Tensor logits);\n"
+                               b"PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"greedy_tokens\", &greedy_tokens); }\n")
     other = kernel_ab.build(sources)
     own = cpu_kernels.load()
     assert other is not own and other.__name__ != own.__name__
