@@ -21,6 +21,8 @@ from radixrt.protocol.messages import (
 
 
 class WeightCalls:
+    client: Any  # the Engine's SchedulerClient
+
     def _call(self, body: Control) -> Any:  # the Engine's
         raise NotImplementedError
 
@@ -106,13 +108,18 @@ class WeightCalls:
         update landed. A ``NotFound`` (a ``ValueError``) for a name the checkpoint lacks."""
         return self._call(WeightsByNameReq(name, int(truncate_size))).values
 
-    def pause_generation(self, mode: str = "abort") -> None:
+    def pause_generation(self, mode: str = "abort", clear_cache: bool = False) -> None:
         """SGLang's: no step runs until ``continue_generation``; requests made meanwhile wait. ``abort`` ends the
-        requests in flight, ``retract`` frees their pages (computed again later), ``in_place`` keeps them."""
-        self._call(PauseReq(mode))
+        requests in flight, ``retract`` frees their pages (computed again later), ``in_place`` keeps them, ``wait``
+        (vLLM's) returns once they have finished. ``clear_cache``: then drop the prefix cache (not ``in_place``)."""
+        self._call(PauseReq(mode, clear_cache))
 
     def continue_generation(self) -> None:
         self._call(ContinueReq())
+
+    def is_paused(self) -> bool:
+        """vLLM's: whether generation is paused (by the last pause or continue answered)."""
+        return bool(self.client.paused)
 
     def get_weight_version(self) -> str:
         return self._call(WeightVersionReq()).weight_version

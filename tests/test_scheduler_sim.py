@@ -174,7 +174,8 @@ def test_embedding_requests_match_solo_runs(world, oracle):
 
 
 def test_pauses_and_updates_of_weights_match_solo_runs(world, oracle):
-    """Pauses (retracting the running requests, or keeping them in place) and updates of weights (to the same
+    """Pauses (retracting the running requests, keeping them in place, or waiting for them to finish, a continue
+    calling off a pause still waiting) and updates of weights (to the same
     rules: each waits for the requests in flight while later ones wait, then drops the cache or keeps it) between
     the soak's steps, the overlap scheduler in half of the seeds: outputs equal solo runs, nothing leaks, no
     control call fails but as its caller's error (an update that would flush pages paused in place)."""

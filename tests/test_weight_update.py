@@ -350,6 +350,46 @@ def test_pause_retract_frees_the_pages_and_continues(engine):
 
 
 @pytest.mark.model
+def test_pause_wait_returns_once_the_requests_in_flight_finished(engine, references):
+    """vLLM's mode: the request in flight finishes with its own tokens before the pause is answered; one sent
+    while paused waits for the continue; clear_cache drops the pages the finished request left."""
+    results: dict[str, object] = {}
+    first = running_in_background(engine, results, {**GREEDY, "max_new_tokens": 24})
+    assert not engine.is_paused()
+    engine.pause_generation("wait", clear_cache=True)
+    assert "first" in results and results["first"]["output_ids"] == references["long_old"]
+    assert engine.is_paused() and engine.scheduler.cache.cached_pages == 0
+    second = threading.Thread(target=lambda: results.update(second=engine.generate(PROMPTS[0], GREEDY)))
+    second.start()
+    second.join(timeout=1.0)
+    assert second.is_alive()
+    engine.continue_generation()
+    second.join()
+    first.join()
+    assert not engine.is_paused()
+    assert results["second"]["output_ids"] == references["old"][0]
+    assert results["second"]["meta_info"]["cached_tokens"] == 0
+    with pytest.raises(ValueError, match="in_place"):
+        engine.pause_generation("in_place", clear_cache=True)
+    engine.scheduler.check()
+
+
+@pytest.mark.model
+def test_a_continue_calls_off_a_pause_still_waiting(engine):
+    results: dict[str, object] = {}
+    first = running_in_background(engine, results, {**GREEDY, "max_new_tokens": 40})
+    pausing = threading.Thread(target=lambda: results.update(pause=engine.pause_generation("wait")))
+    pausing.start()
+    wait_until(lambda: engine.scheduler.gate.pending is not None, "the pause waiting")
+    engine.continue_generation()
+    pausing.join(timeout=30)
+    assert not pausing.is_alive() and not engine.is_paused()
+    first.join()
+    assert len(results["first"]["output_ids"]) == 40
+    assert engine.generate(PROMPTS[1], GREEDY)["meta_info"]["finish_reason"]["type"] == "length"
+
+
+@pytest.mark.model
 def test_pause_in_place_keeps_pages_and_an_update_must_keep_the_cache(engine, tuned_path):
     results: dict[str, object] = {}
     params = {**GREEDY, "max_new_tokens": 40}
@@ -421,6 +461,16 @@ def test_http_routes_update_pause_and_name_the_weights(http, tuned_path, referen
     assert http.post("/continue_generation").json()["status"] == "ok"
     waiting.join()
     assert results["out"]["output_ids"] == references["new"][1]
+    # vLLM's pause routes
+    assert http.get("/is_paused").json() == {"is_paused": False}
+    assert http.post("/pause", params={"mode": "keep"}).json() == {"status": "paused"}
+    assert http.get("/is_paused").json() == {"is_paused": True}
+    assert http.post("/resume").json() == {"status": "resumed"}
+    assert http.post("/pause", params={"mode": "wait", "clear_cache": "true"}).json() == {"status": "paused"}
+    assert http.post("/resume").json() == {"status": "resumed"} and http.get("/is_paused").json()["is_paused"] is False
+    for params in ({"mode": "sideways"}, {"clear_cache": "maybe"}):
+        assert http.post("/pause", params=params).status_code == 400
+    assert http.get("/is_paused").json() == {"is_paused": False}
     res = http.post("/update_weight_version", json={"new_version": "v2"})
     assert res.json() == {"success": True, "message": "Weight version updated to v2", "new_version": "v2"}
     assert http.get("/get_weight_version").json() == {"weight_version": "v2"}

@@ -30,12 +30,12 @@ TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completio
 # The profiler's routes write trace files into whatever folder a body names: fuzzing them would write files
 # all over the machine. tests/test_server_profile.py covers them. A LoRA load reads whatever path (or hub id) a
 # body names, and no generated body names a real adapter; tests/test_lora_serving.py covers both LoRA routes. An
-# update of weights reads whatever path a body names too, and a pause would hold every later case until a continue;
-# tests/test_weight_update.py covers those three. Joining a weight group waits for a trainer at whatever address a
+# update of weights reads whatever path a body names too, and a pause (SGLang's or vLLM's) would hold every later
+# case until a continue; tests/test_weight_update.py covers those. Joining a weight group waits for a trainer at whatever address a
 # body names; tests/test_weight_broadcast.py covers it.
 NOT_FUZZED = frozenset({"/start_profile", "/stop_profile", "/load_lora_adapter", "/unload_lora_adapter",
                         "/update_weights_from_disk", "/pause_generation", "/continue_generation",
-                        "/init_weights_update_group"})
+                        "/init_weights_update_group", "/pause", "/resume"})
 SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.05", "--context-length", "512", "--log-interval", "0"]
 REFERENCE = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4, "temperature": 0,
                                                                       "ignore_eos": True}}

@@ -272,15 +272,18 @@ class LoraAdaptersOut(msgspec.Struct, tag=True):
     loaded: dict[str, str]  # every loaded adapter's name -> path, after the call
 
 
-PauseMode = Literal["abort", "retract", "in_place"]
+PauseMode = Literal["abort", "retract", "in_place", "wait"]
 
 
 class PauseReq(msgspec.Struct, tag=True):
-    """SGLang's /pause_generation: no step runs until ``ContinueReq``; requests that arrive meanwhile wait.
-    ``abort``: every request in flight ends (aborted); ``retract``: running requests go back to the queue, their
-    pages freed (computed again after the pause); ``in_place``: they keep their pages."""
+    """SGLang's /pause_generation (and vLLM's /pause): no step runs until ``ContinueReq``; requests that arrive
+    meanwhile wait. ``abort``: every request in flight ends (aborted); ``retract``: running requests go back to the
+    queue, their pages freed (computed again after the pause); ``in_place``: they keep their pages; ``wait``
+    (vLLM's): the requests in flight finish first, the pause answered once they have. ``clear_cache``: then drop
+    the prefix cache (not with ``in_place``, whose requests hold cached pages)."""
 
     mode: PauseMode = "abort"
+    clear_cache: bool = False
 
 
 class ContinueReq(msgspec.Struct, tag=True):

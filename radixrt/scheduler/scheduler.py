@@ -45,7 +45,6 @@ from radixrt.protocol.messages import (
     InitWeightGroupReq,
     ReqDelta,
     SchedulerStats,
-    UpdateWeightsReq,
 )
 from radixrt.protocol.validation import validate_kind, validate_request
 from radixrt.scheduler.admission import Admission
@@ -62,7 +61,7 @@ from radixrt.scheduler.request import Req
 from radixrt.scheduler.sessions import Sessions
 from radixrt.scheduler.speculation import Speculator
 from radixrt.scheduler.weight_groups import WeightGroups, begin_join
-from radixrt.scheduler.weights import Gate, begin_update, update_due
+from radixrt.scheduler.weights import Gate, begin_update, update_due, waits_for_requests
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -189,7 +188,7 @@ class Scheduler:
             elif isinstance(msg, AbortReq):
                 self._abort(msg.rid)
             elif isinstance(msg, ControlReq):
-                if isinstance(msg.body, UpdateWeightsReq) and self.gate.pending is None:
+                if waits_for_requests(msg) and self.gate.pending is None:
                     begin_update(self, msg)  # answered once its turn comes (_step)
                 elif isinstance(msg.body, InitWeightGroupReq):
                     try:

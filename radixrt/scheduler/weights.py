@@ -9,7 +9,11 @@ opens again; aborts and control calls are served as always. It closes for:
   holds (aborted); ``retract`` sends running requests back to the queue with their pages released (they are
   computed again after the pause, from the cache where it still holds their prefix); ``in_place`` keeps them as
   they are, pages and all.
-- an update of weights (``UpdateWeightsReq``: another checkpoint of the model, or some of its tensors): it waits until every request that arrived before it has finished
+- a pause in mode ``wait`` (vLLM's): as ``in_place`` once every request that arrived before it has finished (the
+  pause is answered then), new ones held meanwhile. ``clear_cache`` (not with ``in_place``) drops the prefix cache
+  once paused.
+- an update of weights (``UpdateWeightsReq``: another checkpoint of the model, some of its tensors, or those a
+  trainer broadcasts): it waits until every request that arrived before it has finished
   (``abort_all_requests``: aborts them), so no request runs partly on each set of weights, and runs at once while
   paused. It loads the new weights (``ModelRunner.update_weights``: the served ones stay on any failure, which is
   the caller's 400) and, with ``flush_cache`` (the default), drops the prefix cache and the sessions' pins: their
@@ -34,6 +38,7 @@ from radixrt.protocol.errors import Conflict, NotFound, RequestError
 from radixrt.protocol.messages import (
     Broadcast,
     ContinueReq,
+    ControlOut,
     ControlReq,
     FinishReason,
     GenerateReq,
@@ -91,8 +96,12 @@ def abort_all(scheduler: Scheduler) -> int:
 
 
 def pause(scheduler: Scheduler, req: PauseReq) -> PauseOut:
-    if req.mode not in ("abort", "retract", "in_place"):
-        raise RequestError(f"unknown pause mode {req.mode!r}; choose abort, retract or in_place")
+    if req.mode not in ("abort", "retract", "in_place", "wait"):
+        raise RequestError(f"unknown pause mode {req.mode!r}; choose abort, retract, in_place or wait")
+    if req.clear_cache and req.mode == "in_place":
+        raise RequestError("clear_cache with mode in_place: the requests kept in place hold cached pages")
+    if req.mode == "wait" and (scheduler.running or scheduler.waiting):  # its turn came while others ran
+        raise Conflict("another pause or update of weights waits for the requests in flight; retry when it is done")
     touched = 0
     if req.mode == "abort":
         touched = abort_all(scheduler)
@@ -106,16 +115,23 @@ def pause(scheduler: Scheduler, req: PauseReq) -> PauseOut:
             scheduler.admission.take_back(running, "paused")
             touched += 1
     scheduler.gate.paused = req.mode
+    if req.clear_cache:  # nothing runs now: no request holds a tree page
+        scheduler.drop_cache()
     logger.info("generation paused (%s): %d requests %s", req.mode, touched,
-                {"abort": "aborted", "retract": "retracted"}.get(req.mode, "kept in place"))
+                {"abort": "aborted", "retract": "retracted", "wait": "finished first"}.get(req.mode, "kept in place"))
     return PauseOut(paused=True, requests=touched)
 
 
 def resume(scheduler: Scheduler, req: ContinueReq | None = None) -> PauseOut:
+    """End the pause; a pause still waiting for the requests in flight (mode ``wait``) is called off, its caller
+    answered ``paused: false``."""
     gate = scheduler.gate
     if gate.paused is not None:
         gate.paused = None
         logger.info("generation continues")
+    if gate.pending is not None and isinstance(gate.pending.body, PauseReq):
+        scheduler.sink(ControlOut(gate.pending.id, body=PauseOut(paused=False, requests=0)))
+        gate.pending = None
     if gate.pending is None:
         release_held(scheduler)
     return PauseOut(paused=False, requests=0)
@@ -128,11 +144,16 @@ def release_held(scheduler: Scheduler) -> None:
     held.clear()
 
 
+def waits_for_requests(msg: ControlReq) -> bool:
+    """An update of weights, or a pause in mode ``wait``: answered once the requests in flight have finished."""
+    return isinstance(msg.body, UpdateWeightsReq) or (isinstance(msg.body, PauseReq) and msg.body.mode == "wait")
+
+
 def begin_update(scheduler: Scheduler, msg: ControlReq) -> None:
-    """An update of weights arrived: it waits until the requests in flight are done (``abort_all_requests``: they
-    are aborted now)."""
+    """An update of weights (or a pause in mode ``wait``) arrived: it waits until the requests in flight are done
+    (``abort_all_requests``: they are aborted now)."""
     gate = scheduler.gate
-    gate.aborted = abort_all(scheduler) if msg.body.abort_all_requests else 0
+    gate.aborted = abort_all(scheduler) if getattr(msg.body, "abort_all_requests", False) else 0
     gate.pending = msg
 
 
@@ -151,7 +172,7 @@ def update(scheduler: Scheduler, req: UpdateWeightsReq) -> WeightsOut:
     """Load the new weights: the waiting update's turn has come. Another arriving while one waits: a 409."""
     gate = scheduler.gate
     if gate.pending is not None:
-        raise Conflict("another update of weights is waiting for the requests in flight; retry when it is done")
+        raise Conflict("another update of weights or pause waits for the requests in flight; retry when it is done")
     try:
         if req.flush_cache and scheduler.running:
             raise Conflict(f"{len(scheduler.running)} requests paused in place hold pages computed with the served "

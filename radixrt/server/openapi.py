@@ -463,6 +463,15 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
         "/pause_generation": {"post": optional_body("pause: no step runs, new requests wait (abort, retract or keep "
                                                     "the requests in flight)", "PauseBody")},
         "/continue_generation": {"post": optional_body("end a pause", "ContinueBody")},
+        "/pause": {"post": {**get("vLLM's pause: abort, wait for or keep the requests in flight; new ones wait",
+                                  json_ok, 400, 409, 503),
+                            "parameters": [{"name": "mode", "in": "query", "required": False,
+                                            "schema": {"enum": ["abort", "wait", "keep"]}},
+                                           *({"name": flag, "in": "query", "required": False,
+                                              "schema": {"type": "boolean"}}
+                                             for flag in ("wait_for_inflight_requests", "clear_cache"))]}},
+        "/resume": {"post": get("vLLM's: end a pause", json_ok, 503)},
+        "/is_paused": {"get": get("vLLM's: whether generation is paused", json_ok, 503)},
         "/get_weight_version": {"get": get("the served weights' version", json_ok, 503)},
         "/update_weight_version": {"post": post("name the served weights", "WeightVersionBody", json_ok, 400, 503)},
         "/health": {"get": get("200 while every process is alive", json_ok, 503)},

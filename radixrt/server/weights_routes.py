@@ -1,6 +1,8 @@
 """SGLang's routes for reinforcement-learning loops (admin routes): POST /update_weights_from_disk,
 /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group, /pause_generation,
-/continue_generation, /update_weight_version and /get_weights_by_name (GET too), GET /get_weight_version.
+/continue_generation, /update_weight_version and /get_weights_by_name (GET too), GET /get_weight_version; vLLM's
+POST /pause (query ``mode`` abort, wait or keep; ``wait_for_inflight_requests``, ``clear_cache``), POST /resume and
+GET /is_paused.
 
 The scheduler serves them between steps (radixrt.scheduler.weights): an update waits for the requests in flight and
 holds new ones meanwhile, so its call may take as long as they do (no timeout here). A hub id or a GGUF file is
@@ -50,6 +52,9 @@ def add_weights_routes(app: FastAPI, tm: TokenizerManager) -> None:
     route(app, "/destroy_weights_update_group", ["POST"], destroy_weights_update_group, tm)
     route(app, "/pause_generation", ["POST"], pause_generation, tm)
     route(app, "/continue_generation", ["POST"], continue_generation, tm)
+    route(app, "/pause", ["POST"], vllm_pause, tm)
+    route(app, "/resume", ["POST"], vllm_resume, tm)
+    route(app, "/is_paused", ["GET"], vllm_is_paused, tm)
     route(app, "/get_weight_version", ["GET"], get_weight_version, tm)
     route(app, "/get_weights_by_name", ["GET", "POST"], get_weights_by_name, tm)
     route(app, "/update_weight_version", ["POST"], update_weight_version, tm)
@@ -114,6 +119,41 @@ async def continue_generation(tm: TokenizerManager, request: Request) -> Respons
         decode_request(raw, ContinueBody)
     await tm.call(ContinueReq())
     return json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+
+VLLM_PAUSE_MODES = {"abort": "abort", "wait": "wait", "keep": "in_place"}
+
+
+def _query_flag(request: Request, name: str, default: bool) -> bool:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if raw.lower() not in ("true", "false", "1", "0"):
+        raise RequestError(f"{name}={raw!r}: true or false")
+    return raw.lower() in ("true", "1")
+
+
+async def vllm_pause(tm: TokenizerManager, request: Request) -> Response:
+    """vLLM's: ``abort`` (the default) ends the requests in flight, ``wait`` lets them finish first (the answer
+    comes then), ``keep`` freezes them; ``clear_cache`` (default true) then drops the prefix cache, but for
+    ``keep``."""
+    mode = request.query_params.get("mode", "abort")
+    if mode not in VLLM_PAUSE_MODES:
+        raise RequestError(f"mode={mode!r}: abort, wait or keep")
+    if _query_flag(request, "wait_for_inflight_requests", False):
+        mode = "wait"  # vLLM's older spelling
+    clear = _query_flag(request, "clear_cache", True) and mode != "keep"
+    await tm.call(PauseReq(VLLM_PAUSE_MODES[mode], clear), timeout=None)
+    return json_response({"status": "paused"})
+
+
+async def vllm_resume(tm: TokenizerManager, request: Request) -> Response:
+    await tm.call(ContinueReq())
+    return json_response({"status": "resumed"})
+
+
+async def vllm_is_paused(tm: TokenizerManager, request: Request) -> Response:
+    return json_response({"is_paused": bool(tm.client.paused)})
 
 
 async def get_weight_version(tm: TokenizerManager, request: Request) -> Response:

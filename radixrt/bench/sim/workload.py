@@ -153,7 +153,8 @@ class Workload:
     requests: list[SimRequest]
     num_pages: int
     flush_steps: list[int] = field(default_factory=list)
-    # (step, event) in step order: "pause:retract", "pause:in_place", "continue", "update", "update:keep-cache";
+    # (step, event) in step order: "pause:retract", "pause:in_place", "pause:wait", "continue", "update",
+    # "update:keep-cache";
     # every pause's continue comes after it, so the run ends unpaused
     gate_events: list[tuple[int, str]] = field(default_factory=list)
 
@@ -326,11 +327,15 @@ def _gate_events(knobs: Knobs) -> list[tuple[int, str]]:
     if not knobs.pauses:
         return []
     rng = random.Random(f"gate-{knobs.seed}")
+    waits = random.Random(f"gate-wait-{knobs.seed}")  # its own stream: the other draws stay those of before
     horizon, events = knobs.arrival_span + 40, []
     for window in range(2):
         start, length = rng.randrange(horizon), rng.randint(1, 12)
         # the first window holds an update (it runs at once there), the second's is anywhere
         update = start + rng.randrange(length) if window == 0 else rng.randrange(horizon)
-        events += [(start, "pause:" + rng.choice(("retract", "in_place"))), (start + length, "continue"),
+        mode = rng.choice(("retract", "in_place"))
+        if mode == "in_place" and waits.random() < 0.5:
+            mode = "wait"  # vLLM's: paused once the requests in flight are done, or called off by the continue
+        events += [(start, "pause:" + mode), (start + length, "continue"),
                    (update, rng.choice(("update", "update:keep-cache")))]
     return sorted(events)
