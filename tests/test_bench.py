@@ -582,3 +582,14 @@ def test_kernel_ab_times_the_extend_kernel_alone(capsys):
     assert len(rows) == 2 and all(float(r.split("|")[4]) > 0 for r in rows)
     with pytest.raises(SystemExit, match="shapes like"):
         kernel_ab.main(["--base", "HEAD", "--extend", "twenty", "--repeats", "1"])
+
+
+def test_update_bench_times_every_way_of_sending_weights(tmp_path):
+    from radixrt.bench import update_bench
+    from tiny_models import save_tiny_model
+
+    save_tiny_model("qwen3", tmp_path, seed=0)
+    results = update_bench.measure(tmp_path, buckets=3, dtype="float32", repeats=1)
+    assert set(results) == {"disk", "buckets, packed", "buckets, in place", "buckets, rebuilt"}
+    assert all(seconds > 0 for seconds in results.values())
+    assert [len(b) for b in update_bench.buckets_of([(str(i), i) for i in range(10)], 3)] == [4, 4, 2]
