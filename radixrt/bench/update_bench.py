@@ -10,8 +10,8 @@ little, as a training step moves them), best of ``--repeats`` runs, one line eac
   (what CUDA serves): each bucket copied into its places;
 - ``buckets, rebuilt``: the same buckets on that runner the way it updated them before (the model built again from
   the checkpoint and every tensor sent so far, each bucket), for comparison;
-- ``buckets, packed``: the same buckets on a runner whose linear layers are packed for this CPU (the rebuild is its
-  way: the packed layout must be made again).
+- ``buckets, packed``: the same buckets on a runner whose linear layers are packed for this CPU (each layer a bucket
+  fills loaded and packed again).
 """
 
 from __future__ import annotations

@@ -355,6 +355,33 @@ class LlamaForCausalLM(InferenceModule):
             parts.append(_held(module, place[1], place[2], part.shape[0], self.embed_tokens.weight.dtype))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
+    def update_weights_in_place(self, weights: Iterable[tuple[str, torch.Tensor]], row_invariant: bool) -> None:
+        """Load some of a checkpoint's tensors into this loaded model (fp8 aside): each into its parameter, which
+        keeps its address; a packed layer a tensor lands in is read back through its kernel (exact), loaded and
+        packed again (``row_invariant`` as at start), and the LM head's packed copy is made again when what it
+        copies changed."""
+        renamed = list(_unfused(_expert_tensors(weights), self.config))  # load_weights passes these through
+        modules = dict(self.named_modules())
+        shards: dict[str, set[int]] = {}  # module path -> the shards of its weight the tensors fill
+        for place in map(self._place, (name for name, _ in renamed)):
+            if place is not None:
+                shards.setdefault(place[0], set()).update([place[2]] if place[1] == "weight" else [])
+        unpacked = [path for path in shards if getattr(modules.get(path), "packed", None) is not None]
+        dtype = self.embed_tokens.weight.dtype
+        for path in unpacked:
+            module = modules[path]
+            # a weight the tensors fill whole is not read back (that product costs in^2 x out a layer)
+            if len(shards[path]) == len(getattr(module, "local_sizes", [0])):
+                weight = torch.empty(module.packed.out_features, _inputs(module), dtype=dtype)
+            else:
+                weight = _unpacked(module, dtype)
+            module.weight, module.packed = nn.Parameter(weight, requires_grad=False), None
+        self.load_weights(renamed, partial=True)
+        for path in unpacked:
+            modules[path].pack(row_invariant)
+        if self.packed_head is not None and shards.keys() & {"embed_tokens", "lm_head"}:
+            self.packed_head = pack_weight(self._head_weight(), row_invariant)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], partial: bool = False) -> None:
         """Load a checkpoint's tensors into their places; ``partial``: some of them, into a loaded model (each
         copied into its parameter, which keeps its address), else every weight must be filled."""
@@ -388,12 +415,21 @@ class LlamaForCausalLM(InferenceModule):
             raise ValueError(f"the checkpoint filled {len(seen)} of {expected} weights")
 
 
+def _unpacked(module: PackableLinear, dtype: torch.dtype) -> torch.Tensor:
+    """A packed layer's weight ``[out, in]`` read back through its own kernel: an identity matrix times it (each
+    output one product by 1, so exact), in the model's ``dtype``."""
+    return packed_linear(torch.eye(_inputs(module), dtype=dtype), module.packed).t().contiguous()
+
+
+def _inputs(module: PackableLinear) -> int:
+    return module.in_features if isinstance(module, ColumnParallelLinear) else module.local_in
+
+
 def _held(module: nn.Module, param: str, index: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
     """Parameter ``param`` of ``module`` as the forward uses it (shard ``index`` of a merged weight, ``rows`` long;
     ``dtype``: the model's)."""
     if param == "weight" and getattr(module, "packed", None) is not None:
-        inputs = module.in_features if isinstance(module, ColumnParallelLinear) else module.local_in
-        held = packed_linear(torch.eye(inputs, dtype=dtype), module.packed).t()  # each output 1 x w: exact
+        held = _unpacked(module, dtype)
     else:
         held = getattr(module, param).detach()
     if isinstance(module, VocabParallelEmbedding):

@@ -2,11 +2,13 @@
 
 ``update_tensors`` takes some of the checkpoint's tensors by name instead (SGLang's ``update_weights_from_tensor``, as
 a trainer sends its parameters a bucket at a time, or broadcasts them: radixrt.model.weight_group): each must be a
-tensor of the served checkpoint, of its shape, all checked before any is loaded. Where the served model holds plain
-tensors (CUDA; packing off), each is copied into its place (``load_weights(partial=True)``), so a bucket costs its
-own size and nothing else is read. Where linear layers are packed (or weights are fp8), the runner keeps every tensor
-sent since its checkpoint was read (``ModelRunner.overlay``: host memory up to the model's size) and builds the
-model from the checkpoint with those in their places; an update from disk clears them. ``tensor_record`` and
+tensor of the served checkpoint, of its shape, all checked before any is loaded. Each is then copied into its place
+(``update_weights_in_place``): a plain parameter keeps its address (CUDA's decode graphs replay it); a layer packed
+for the CPU's kernels is loaded and packed again (read back through its kernel first where the bucket fills only
+some of a merged weight), so a bucket costs about its own size and no checkpoint file is read. Where weights are
+fp8, the runner keeps every tensor sent since its checkpoint was read (``ModelRunner.overlay``: host memory up to
+the model's size) and builds the model from the checkpoint with those in their places; an update from disk clears
+them. ``tensor_record`` and
 ``tensors_from_records`` carry tensors across a process boundary as bytes; ``ModelRunner.read_weight`` reads a
 tensor's served values back (SGLang's ``get_weights_by_name``).
 

@@ -281,8 +281,8 @@ class ModelRunner:
         the rest stay. A ``ValueError`` names a tensor the checkpoint lacks or holds in another shape."""
         self._check_one_rank()
         check_tensor_names(checkpoint_shapes(self.model_path), tensors)
-        if self.packed_linears == 0 and self.model.fp8_scheme is None:  # plain tensors: each copied into its place
-            self.model.load_weights(text_model_tensors(tensors.items()), partial=True)
+        if self.model.fp8_scheme is None:  # each copied into its place (a packed layer packed again)
+            self.model.update_weights_in_place(text_model_tensors(tensors.items()), self.deterministic)
             logger.info("%d tensors loaded in place", len(tensors))
         else:
             self._replace_model(self.model_path, {**self.overlay, **{n: t.cpu() for n, t in tensors.items()}})
