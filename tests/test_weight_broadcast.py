@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import radixrt
-from test_weight_update import GREEDY, PROMPTS, hf_greedy, perturbed_checkpoint
+from test_weight_update import GREEDY, PROMPTS, _tokens, hf_greedy, perturbed_checkpoint
 from weight_trainer import GROUP, announce, start_trainer
 
 
@@ -34,10 +34,6 @@ def tuned(tmp_path_factory, default_model_path, hf_model, tokenizer):
 def engine(default_model_path):
     with radixrt.Engine(dtype="float32", log_interval=0, debug_checks=True, kv_memory_gb=0.3) as eng:
         yield eng
-
-
-def _tokens(engine) -> list[list[int]]:
-    return [o["output_ids"] for o in engine.generate(PROMPTS, GREEDY)]
 
 
 @pytest.mark.model
