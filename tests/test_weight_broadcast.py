@@ -111,3 +111,17 @@ def test_a_stopped_engine_leaves_its_groups(engine, tuned, tmp_path):
         ok, message = again.init_weights_update_group("127.0.0.1", port, 1, 2, GROUP, backend="gloo")
         assert ok, message
     assert trainer.wait(timeout=60) == 0
+
+
+@pytest.mark.model
+def test_get_weights_by_name_reads_rows_and_refuses_what_it_cannot(engine, hf_model):
+    norm = engine.get_weights_by_name("model.norm.weight", truncate_size=5)
+    assert norm == hf_model.get_parameter("model.norm.weight")[:5].tolist()
+    rows = engine.get_weights_by_name("model.layers.0.self_attn.k_proj.weight", truncate_size=2)
+    assert rows == hf_model.get_parameter("model.layers.0.self_attn.k_proj.weight")[:2].tolist()
+    for name, size, words in [("model.nothing.weight", 1, "not a tensor of the served checkpoint"),
+                              ("model.norm.weight", -1, "negative"),
+                              ("model.embed_tokens.weight", 49152, "ask for fewer rows")]:
+        with pytest.raises(ValueError, match=words):
+            engine.get_weights_by_name(name, truncate_size=size)
+    assert engine.generate(PROMPTS[1], GREEDY)["meta_info"]["finish_reason"]["type"] == "length"
