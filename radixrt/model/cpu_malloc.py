@@ -50,3 +50,17 @@ def keep_freed_memory(trim_bytes: int = 1 << 30, top_pad_bytes: int = 256 << 20)
     if not ok:
         logger.warning("mallopt refused the allocator settings; CPU forwards may be slower")
     return ok
+
+
+def release_freed_memory() -> bool:
+    """Give the kernel back the freed memory glibc still holds (``malloc_trim``), in every arena: what
+    ``keep_freed_memory`` keeps for the next forward is returned once a process is done with its forwards (a
+    stopped Engine, a finished test module). Returns whether anything was released; False off glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    return malloc_trim(0) == 1
