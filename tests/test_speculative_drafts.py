@@ -137,7 +137,7 @@ def test_a_draft_stops_where_earlier_occurrences_part_ways():
 
 
 def test_the_speculator_drafts_far_only_where_the_context_repeats_alike():
-    from tests.test_speculative_verify import processor
+    from test_speculative_verify import processor
 
     from radixrt.protocol.messages import GenerateReq
     from radixrt.sampling.params import SamplingParams

@@ -437,6 +437,7 @@ def test_weight_version_names_the_served_weights(engine):
 
 # ----- the HTTP routes ------------------------------------------------------------------------------------
 
+# A server of its own, not the session's shared one (an equal list is not shared): these tests change its weights.
 SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.2", "--log-interval", "0", "--debug-checks"]
 
 
