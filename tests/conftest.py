@@ -13,6 +13,26 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Under pytest-xdist (`make test` runs the suite on two workers) each worker and every server it starts computes
+# on one thread: two workers with two OpenMP threads each fight over two cores and finish no sooner than one. The
+# variable is read when torch loads, after this file; tests marked `serial` run afterwards with every core.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _return_freed_memory():
+    """After each module, give back the memory its engines and models freed: the runtime's allocator settings
+    (radixrt.model.cpu_malloc) keep it for the next forward, and without this a worker of the suite grew past
+    12 GB and two of them did not fit the machine."""
+    yield
+    import gc
+
+    from radixrt.model.cpu_malloc import release_freed_memory
+
+    gc.collect()
+    release_freed_memory()
+
 
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
@@ -46,23 +66,24 @@ def shared_server(default_model_path):
 
     from radixrt.server.server_process import ServerProcess
 
-    srv = ServerProcess(ARGS).start()
+    srv = ServerProcess(ARGS, die_with_parent=True).start()
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="module")
 def server(request, default_model_path):
-    """`radixrt serve` started once for a test module, with that module's `SERVER_ARGS` (the session's shared
-    server where those are `shared_server.ARGS`)."""
+    """`radixrt serve` started once for a test module, with that module's `SERVER_ARGS`: the session's shared
+    server where those are `shared_server.ARGS` itself (the same list, not an equal one: a module that changes its
+    server, updating its weights, writes its arguments out and gets a server of its own)."""
     from shared_server import ARGS
 
     from radixrt.server.server_process import ServerProcess
 
-    if request.module.SERVER_ARGS == ARGS:
+    if request.module.SERVER_ARGS is ARGS:
         yield request.getfixturevalue("shared_server")
         return
-    srv = ServerProcess(request.module.SERVER_ARGS).start()
+    srv = ServerProcess(request.module.SERVER_ARGS, die_with_parent=True).start()
     yield srv
     srv.stop()
 
