@@ -22,6 +22,9 @@ from radixrt.model import cpu_linear
 from radixrt.sampling.params import SamplingParams
 from exact_runs import logprob_runs
 
+# Alone after the parallel part of `make test`, on every core: the C++ kernels split their work over threads.
+pytestmark = pytest.mark.serial
+
 NEW_TOKENS = 40
 
 OWN_KERNELS = {

@@ -11,6 +11,9 @@ import torch
 from radixrt.bench import peer_run
 from radixrt.bench import vs_vllm as v
 
+# Alone after the parallel part of `make test`: it compares two engines' speeds.
+pytestmark = pytest.mark.serial
+
 
 def _encode(text):
     """A stand-in tokenizer: one id per word or punctuation-free chunk, stable across runs."""

@@ -13,7 +13,8 @@ from radixrt.model import layers
 from radixrt.model.layers import RMSNorm, RotaryEmbedding, gelu_tanh_and_mul, silu_and_mul
 
 # Skipped only where the kernels are off by design; a failed build with a compiler present errors.
-pytestmark = pytest.mark.usefixtures("cpu_kernel_module")
+# Alone after the parallel part of `make test`, on every core: the C++ kernels split their work over threads.
+pytestmark = [pytest.mark.usefixtures("cpu_kernel_module"), pytest.mark.serial]
 
 # fp32 differs from the torch ops only in summation order and FMA contraction; bf16/fp16 round at the same points,
 # so they differ where the two exp implementations or the two orders of summing squares differ in fp32's last bit:

@@ -8,7 +8,8 @@ import torch
 from radixrt.kernels import cpu_kernels, torch_cascade, torch_ref
 
 # Skipped only where the kernels are off by design; a failed build with a compiler present errors.
-pytestmark = pytest.mark.usefixtures("cpu_kernel_module")
+# Alone after the parallel part of `make test`, on every core: the C++ kernels split their work over threads.
+pytestmark = [pytest.mark.usefixtures("cpu_kernel_module"), pytest.mark.serial]
 
 
 def paged_case(batch, max_len, page_size, heads, kv_heads, dtype, seed=0, head_dim=16):

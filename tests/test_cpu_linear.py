@@ -16,6 +16,9 @@ from radixrt.model.parallel import ColumnParallelLinear, RowParallelLinear
 from radixrt.model.runner import ModelRunner
 from tiny_models import save_tiny_model
 
+# Alone after the parallel part of `make test`, on every core: the C++ kernels split their work over threads.
+pytestmark = pytest.mark.serial
+
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
 

@@ -7,7 +7,8 @@ import torch
 from radixrt.kernels import cpu_kernels, torch_ref
 
 # Skipped only where the kernels are off by design; a failed build with a compiler present errors.
-pytestmark = pytest.mark.usefixtures("cpu_kernel_module")
+# Alone after the parallel part of `make test`, on every core: the C++ kernels split their work over threads.
+pytestmark = [pytest.mark.usefixtures("cpu_kernel_module"), pytest.mark.serial]
 
 # bf16 outputs carry 2^-9 relative rounding, and each value's weight (<= 1) is rounded to bf16 as well
 BF16_OUT = dict(atol=2e-2, rtol=2e-2)

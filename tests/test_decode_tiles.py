@@ -11,7 +11,8 @@ import torch
 
 from radixrt.kernels import cpu_kernels, torch_cascade, torch_ref
 
-pytestmark = pytest.mark.usefixtures("cpu_kernel_module")
+# Alone after the parallel part of `make test`, on every core: the C++ kernels split their work over threads.
+pytestmark = [pytest.mark.usefixtures("cpu_kernel_module"), pytest.mark.serial]
 
 BF16_OUT = dict(atol=2e-2, rtol=2e-2)
 

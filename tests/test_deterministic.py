@@ -22,6 +22,9 @@ from radixrt.sampling.params import SamplingParams
 from radixrt.server_args import ServerArgs
 from exact_runs import logprob_runs
 
+# Alone after the parallel part of `make test`, on every core: the C++ kernels split their work over threads.
+pytestmark = pytest.mark.serial
+
 NEW_TOKENS = 24
 # A prompt with a repeating stretch (n-gram drafts get accepted) and text of its own around it.
 PROMPT = [3 + (i * 11) % 97 for i in range(40)] + [1 + (i * 7) % 23 for i in range(70)] + list(range(30, 70))

@@ -5,6 +5,9 @@ import torch
 
 from radixrt.kernels import cpu_kernels, torch_cascade, torch_ref
 
+# Alone after the parallel part of `make test`, on every core: the C++ kernels split their work over threads.
+pytestmark = pytest.mark.serial
+
 SCALE = 8**-0.5
 
 

@@ -12,6 +12,9 @@ from radixrt.model.forward_batch import ForwardBatch, SeqChunk
 from radixrt.model.runner import ModelRunner
 from tiny_models import save_tiny_model
 
+# Alone after the parallel part of `make test`, on every core: the C++ kernels split their work over threads.
+pytestmark = pytest.mark.serial
+
 needs_amx = pytest.mark.skipif(not cpu_kernels.linear_amx_usable(), reason="needs a CPU with AMX-BF16")
 
 
