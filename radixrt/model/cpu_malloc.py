@@ -25,6 +25,10 @@ _MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit
 _tuned = False
 
 
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def keep_freed_memory(trim_bytes: int = 1 << 30, top_pad_bytes: int = 256 << 20) -> bool:
     """Apply the settings once per process; returns whether they are in effect.
 
@@ -36,8 +40,7 @@ def keep_freed_memory(trim_bytes: int = 1 << 30, top_pad_bytes: int = 256 << 20)
     if os.environ.get("RADIXRT_DISABLE_MALLOC_TUNING") == "1" or not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = _libc().mallopt
     except (OSError, AttributeError):  # musl and other libcs have no mallopt
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -54,12 +57,12 @@ def keep_freed_memory(trim_bytes: int = 1 << 30, top_pad_bytes: int = 256 << 20)
 
 def release_freed_memory() -> bool:
     """Give the kernel back the freed memory glibc still holds (``malloc_trim``), in every arena: what
-    ``keep_freed_memory`` keeps for the next forward is returned once a process is done with its forwards (a
-    stopped Engine, a finished test module). Returns whether anything was released; False off glibc."""
+    ``keep_freed_memory`` keeps for the next forward, returned where a process is done with those forwards (the
+    test suite, after each module). Returns whether anything was released; False off glibc."""
     if not sys.platform.startswith("linux"):
         return False
     try:
-        malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        malloc_trim = _libc().malloc_trim
     except (OSError, AttributeError):
         return False
     malloc_trim.argtypes = [ctypes.c_size_t]
