@@ -46,6 +46,28 @@ def _rust_tokenizer(tokenizer):
     return None
 
 
+def decoder_json(tokenizer) -> str | None:
+    """The Rust tokenizer through which ``fast_decode`` decodes, serialized (the tokenizers library's JSON), or
+    None where decoding needs transformers: with it a process that only decodes loads in a tenth of a second
+    what transformers takes seconds (and torch) to load, and decodes the very same text."""
+    rust = _rust_tokenizer(tokenizer)
+    return None if rust is None else rust.to_str()
+
+
+class RustDecoder:
+    """A fast tokenizer's Rust half alone (from ``decoder_json``): all the decoding a Detokenizer does."""
+
+    clean_up_tokenization_spaces = False
+
+    def __init__(self, json_text: str) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_str(json_text)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
 class TextStream:
     def __init__(self, tokenizer, stop: list[str] | None = None, skip_special_tokens: bool = True,
                  prompt_tail: list[int] | None = None, decode=None, stop_regex: list[str] | None = None) -> None:

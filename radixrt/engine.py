@@ -136,7 +136,7 @@ class Engine(WeightCalls):
         tokenizer_path = str(self.args.tokenizer_path or self.model_path)
         self.tokenizer = load_tokenizer(tokenizer_path, self.args.chat_template)
         self.client = SchedulerClient(self._send, encode=self.tokenizer.encode, limits=lambda: self._detached.limits)
-        self._detached = DetachedRuntime(self.args, tokenizer_path, self._deliver, self.client.fail_all)
+        self._detached = DetachedRuntime(self.args, self.tokenizer, tokenizer_path, self._deliver, self.client.fail_all)
         info = self._detached.ready.model_info
         self.eos_ids = set(info["eos_token_ids"])
         self.chat_template = info["chat_template"]

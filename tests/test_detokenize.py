@@ -1,10 +1,12 @@
 """Incremental detokenization: the Rust fast path gives the very text of ``tokenizer.decode``."""
 
 import random
+import subprocess
+import sys
 
 import pytest
 
-from radixrt.detokenize import Detokenizer, TextStream, batch_decode, fast_decode
+from radixrt.detokenize import Detokenizer, RustDecoder, TextStream, batch_decode, decoder_json, fast_decode
 from radixrt.protocol.messages import BatchTokenOut, FinishReason, ReqDelta
 
 pytestmark = pytest.mark.model
@@ -109,3 +111,41 @@ def test_a_requests_two_deltas_in_one_batch_are_taken_in_order(tokenizer):
     assert texts[0] == first and texts[2] == last.outputs[0].text
     assert texts[0] + texts[2] == tokenizer.decode(ids, skip_special_tokens=True)
     assert set(together.streams) == {"b"}
+
+
+def test_the_rust_tokenizer_alone_decodes_every_text_the_tokenizer_does(tokenizer):
+    """What the server's detokenizer process decodes with (RustDecoder over ``decoder_json``, no transformers):
+    random ids over the whole vocabulary, added special tokens and cut UTF-8 sequences included, streamed or not."""
+    rust = RustDecoder(decoder_json(tokenizer))
+    rng = random.Random(2)
+    special = sorted(tokenizer.all_special_ids)
+    for _ in range(300):
+        ids = [rng.choice(special) if rng.random() < 0.1 else rng.randrange(len(tokenizer))
+               for _ in range(rng.randint(0, 16))]
+        for skip in (True, False):
+            assert rust.decode(ids, skip_special_tokens=skip) == tokenizer.decode(ids, skip_special_tokens=skip)
+    ids = [rng.randrange(len(tokenizer)) for _ in range(64)]
+    streams = [TextStream(decoding, skip_special_tokens=False) for decoding in (rust, tokenizer)]
+    for stream in streams:
+        for token in ids:
+            stream.add([token])
+        stream.finish()
+    assert streams[0].take(True) == streams[1].take(True)
+
+
+def test_no_rust_tokenizer_alone_where_decoding_cleans_up_spaces(tokenizer, monkeypatch):
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
+    assert decoder_json(tokenizer) is None
+
+
+def test_the_detokenizer_process_decodes_without_transformers_or_torch(tokenizer, tmp_path):
+    """Its start-up is the Rust tokenizer's (a tenth of a second), not transformers' and torch's (seconds)."""
+    source = tmp_path / "decoder.json"
+    source.write_text(decoder_json(tokenizer))
+    ids = [1, 504, 3458, 2, 28]
+    script = ("import sys; from radixrt.server.detokenizer_process import load_decoder; "
+              f"print(load_decoder({str(source)!r}).decode({ids}, skip_special_tokens=True)); "
+              "print(sorted({'torch', 'transformers'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [tokenizer.decode(ids, skip_special_tokens=True), "[]"]

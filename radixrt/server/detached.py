@@ -38,7 +38,7 @@ POLL_MS = 200  # how often the receiver looks at the helpers while nothing arriv
 
 
 class DetachedRuntime:
-    def __init__(self, args: ServerArgs, tokenizer_path: str, deliver: Callable[[object], None],
+    def __init__(self, args: ServerArgs, tokenizer, tokenizer_path: str, deliver: Callable[[object], None],
                  fail: Callable[[str], None]) -> None:
         self._deliver, self._fail = deliver, fail
         self._ipc_dir = tempfile.mkdtemp(prefix="radixrt-engine-")
@@ -55,7 +55,7 @@ class DetachedRuntime:
         self._stopping = threading.Event()
         self._procs: dict[str, subprocess.Popen] = {}
         try:
-            self._procs = spawn_helpers(args, self._ipc_dir, tokenizer_path)
+            self._procs = spawn_helpers(args, self._ipc_dir, tokenizer, tokenizer_path)
             self.ready = self._handshake()
         except BaseException:
             self.close()

@@ -4,7 +4,9 @@ Incremental decoding (partial UTF-8 held back) and stop strings come from radixr
 the same code the in-process Engine uses. One output message per input message (per scheduler step).
 Pinned to one thread: it must not compete with the scheduler for cores.
 
-Run by the server launcher: ``python -m radixrt.server.detokenizer_process MODEL_PATH IPC_DIR PARENT_PID``.
+Run by the server launcher: ``python -m radixrt.server.detokenizer_process TOKENIZER IPC_DIR PARENT_PID``, where
+TOKENIZER is the Rust tokenizer's JSON file where that decodes the same text (it then starts in a fraction of a
+second, without transformers and torch), else the tokenizer's folder.
 """
 
 from __future__ import annotations
@@ -27,11 +29,23 @@ from radixrt.server.ipc import ENCODER, IpcPaths, decoder  # noqa: E402
 logger = logging.getLogger("radixrt.detokenizer_process")
 
 
-def run(model_path: str, paths: IpcPaths, parent_pid: int) -> None:
-    from radixrt.detokenize import Detokenizer
+def load_decoder(source: str):
+    """What the detokenizer decodes with: the Rust tokenizer in ``source`` where it is a ``.json`` file (written
+    by radixrt.server.runtime_procs; no transformers, no torch), else the tokenizer in that folder."""
+    if source.endswith(".json"):
+        from radixrt.detokenize import RustDecoder
+
+        with open(source) as file:
+            return RustDecoder(file.read())
     from radixrt.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(model_path)
+    return load_tokenizer(source)
+
+
+def run(tokenizer_source: str, paths: IpcPaths, parent_pid: int) -> None:
+    from radixrt.detokenize import Detokenizer
+
+    tokenizer = load_decoder(tokenizer_source)
     torch_single_thread()
     detokenizer = Detokenizer(tokenizer)
     ctx = zmq.Context()
@@ -59,7 +73,7 @@ def run(model_path: str, paths: IpcPaths, parent_pid: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    model_path, ipc_dir, parent_pid = argv[0], argv[1], int(argv[2])
+    tokenizer_source, ipc_dir, parent_pid = argv[0], argv[1], int(argv[2])
     log_level = argv[3] if len(argv) > 3 else "info"
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -70,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _term)
     logging.basicConfig(level=log_level.upper(), format="[detokenizer %(asctime)s] %(message)s", datefmt="%H:%M:%S")
     try:
-        run(model_path, IpcPaths(ipc_dir), parent_pid)
+        run(tokenizer_source, IpcPaths(ipc_dir), parent_pid)
     except SystemExit:
         pass
     except BaseException:

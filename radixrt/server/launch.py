@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from radixrt.procs import pin_helper_threads, stop_processes, torch_single_thread
 from radixrt.server.ipc import IpcPaths
-from radixrt.server.runtime_procs import dead_helper, spawn_helpers
+from radixrt.server.runtime_procs import dead_helper, spawn_detokenizer, spawn_scheduler
 from radixrt.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -99,10 +99,11 @@ def serve(args: ServerArgs) -> int:
     previous_term = signal.signal(signal.SIGTERM, _term)
     try:
         tokenizer_path = args.tokenizer_path or model_path
-        procs.update(spawn_helpers(args, ipc_dir, tokenizer_path, compute_env))
+        procs["scheduler"] = spawn_scheduler(args, ipc_dir, compute_env)  # it loads the model meanwhile
         from radixrt.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer_path, args.chat_template)
+        procs["detokenizer"] = spawn_detokenizer(args, ipc_dir, tokenizer, tokenizer_path, compute_env)
         torch_single_thread()
         code = asyncio.run(_main(args, paths, tokenizer, procs))
     except KeyboardInterrupt:

@@ -3,7 +3,9 @@ scheduler runs apart (``engine_scheduler="process"``).
 
 - the scheduler process (``radixrt.server.scheduler_process``) gets the machine's compute threads and the
   options without the API keys (a command line is visible to ``ps``; the scheduler needs none);
-- the detokenizer process (``radixrt.server.detokenizer_process``) gets one thread and no OpenMP spinning.
+- the detokenizer process (``radixrt.server.detokenizer_process``) gets one thread and no OpenMP spinning, and
+  the tokenizer the caller loaded as its Rust half alone where that decodes the same text (a file in the ipc
+  folder), so it starts in a fraction of a second instead of importing transformers and torch for seconds.
 
 Both die with the process that started them (PR_SET_PDEATHSIG, and a check of their parent every second).
 ``dead_helper`` names the first that exited; ``stop_processes`` (radixrt.procs) stops them.
@@ -17,26 +19,45 @@ import os
 import subprocess
 import sys
 
+from radixrt.detokenize import decoder_json
 from radixrt.procs import HELPER_THREAD_ENV
 from radixrt.server_args import ServerArgs
 
+DECODER_FILE = "decoder.json"  # the Rust tokenizer the detokenizer decodes with, in the ipc folder
 
-def spawn_helpers(args: ServerArgs, ipc_dir: str, tokenizer_path: str,
+
+def spawn_helpers(args: ServerArgs, ipc_dir: str, tokenizer, tokenizer_path: str,
                   compute_env: dict[str, str] | None = None) -> dict[str, subprocess.Popen]:
     """Start the scheduler and the detokenizer over the ipc sockets in ``ipc_dir`` (radixrt.server.ipc)."""
-    compute_env = dict(os.environ) if compute_env is None else compute_env
-    pid = str(os.getpid())
-    options = {**dataclasses.asdict(args), **{name: None for name in ServerArgs.SECRETS}}
-    procs = {"scheduler": _spawn("radixrt.server.scheduler_process", [json.dumps(options), ipc_dir, pid],
-                                 compute_env)}
+    procs = {"scheduler": spawn_scheduler(args, ipc_dir, compute_env)}
     try:
-        procs["detokenizer"] = _spawn("radixrt.server.detokenizer_process",
-                                      [tokenizer_path, ipc_dir, pid, args.log_level],
-                                      {**compute_env, **HELPER_THREAD_ENV})
+        procs["detokenizer"] = spawn_detokenizer(args, ipc_dir, tokenizer, tokenizer_path, compute_env)
     except BaseException:
         procs["scheduler"].kill()
         raise
     return procs
+
+
+def spawn_scheduler(args: ServerArgs, ipc_dir: str, compute_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """The scheduler process, which loads the model (the longest part of a start: spawn it first)."""
+    options = {**dataclasses.asdict(args), **{name: None for name in ServerArgs.SECRETS}}
+    return _spawn("radixrt.server.scheduler_process", [json.dumps(options), ipc_dir, str(os.getpid())],
+                  dict(os.environ) if compute_env is None else compute_env)
+
+
+def spawn_detokenizer(args: ServerArgs, ipc_dir: str, tokenizer, tokenizer_path: str,
+                      compute_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """The detokenizer process, given ``tokenizer`` (loaded here) as the Rust tokenizer alone where that decodes
+    the same text (radixrt.detokenize.decoder_json; it then starts without transformers and torch), else the
+    path to load it from."""
+    source = tokenizer_path
+    rust = decoder_json(tokenizer)
+    if rust is not None:
+        source = os.path.join(ipc_dir, DECODER_FILE)
+        with open(source, "w") as file:
+            file.write(rust)
+    env = {**(dict(os.environ) if compute_env is None else compute_env), **HELPER_THREAD_ENV}
+    return _spawn("radixrt.server.detokenizer_process", [source, ipc_dir, str(os.getpid()), args.log_level], env)
 
 
 def dead_helper(procs: dict[str, subprocess.Popen]) -> str | None:
