@@ -61,8 +61,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 def add_bench_parser(commands) -> None:
     """Add `bench` with its subcommands to the CLI's subparsers."""
-    bench = commands.add_parser("bench",
-                                help="benchmarks: offline (Engine), serving (HTTP), decode, vllm, embed, tools, priority")
+    bench = commands.add_parser("bench", help="benchmarks: offline (Engine), serving (HTTP), decode, vllm, embed, "
+                                              "tools, priority, spec, startup")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     off = sub.add_parser("offline", help="a workload through the in-process Engine")
@@ -127,6 +127,13 @@ def add_bench_parser(commands) -> None:
     spec = sub.add_parser("spec", help="speculative decoding on vs off on copy-heavy and random workloads")
     add_spec_arguments(spec)
     spec.set_defaults(run=run_spec)
+
+    from radixrt.bench.startup import add_arguments as add_startup_arguments
+    from radixrt.bench.startup import run as run_startup
+
+    startup = sub.add_parser("startup", help="seconds from `radixrt serve` to its first answer, beside vLLM's server")
+    add_startup_arguments(startup)
+    startup.set_defaults(run=run_startup)
 
 
 def machine() -> dict:
