@@ -11,11 +11,11 @@ import pytest
 from radixrt.bench.startup import time_to_first_answer
 from radixrt.procs import free_port
 
-# answers 404 until DELAY seconds after its start, then 200 on /v1/models; writes its pid first
+# answers 404 until DELAY seconds after its start, then 200 on /v1/models; writes its pid and folder first
 FAKE_SERVER = textwrap.dedent("""
     import http.server, os, sys, time
     port, delay, pid_file = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-    open(pid_file, "w").write(str(os.getpid()))
+    open(pid_file, "w").write(f"{os.getpid()} {os.getcwd()}")
     started = time.monotonic()
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -41,9 +41,11 @@ def _gone(pid: int) -> bool:
 
 def test_the_figure_is_the_time_to_the_first_200_and_the_server_is_stopped_after(tmp_path):
     port, pid_file = free_port(), tmp_path / "pid"
-    seconds = time_to_first_answer([sys.executable, "-c", FAKE_SERVER, str(port), "0.6", str(pid_file)], port, 30)
+    seconds = time_to_first_answer([sys.executable, "-c", FAKE_SERVER, str(port), "0.6", str(pid_file)], port, 30,
+                                   cwd=str(tmp_path))
     assert 0.6 <= seconds < 10
-    assert _gone(int(pid_file.read_text()))
+    pid, folder = pid_file.read_text().split(" ", 1)
+    assert _gone(int(pid)) and folder == str(tmp_path)
 
 
 def test_a_server_that_exits_first_or_never_answers_is_an_error_with_its_log(tmp_path):
@@ -53,7 +55,7 @@ def test_a_server_that_exits_first_or_never_answers_is_an_error_with_its_log(tmp
     pid_file = tmp_path / "pid"
     with pytest.raises(RuntimeError, match="did not answer within 1 s"):
         time_to_first_answer([sys.executable, "-c", FAKE_SERVER, str(port), "60", str(pid_file)], port, 1)
-    assert _gone(int(pid_file.read_text()))
+    assert _gone(int(pid_file.read_text().split()[0]))
 
 
 @pytest.mark.model
