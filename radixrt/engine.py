@@ -134,9 +134,11 @@ class Engine(WeightCalls):
 
         self.model_path = resolve_model_path(self.args.model)  # fetched or converted once, before the helpers
         tokenizer_path = str(self.args.tokenizer_path or self.model_path)
-        self.tokenizer = load_tokenizer(tokenizer_path, self.args.chat_template)
-        self.client = SchedulerClient(self._send, encode=self.tokenizer.encode, limits=lambda: self._detached.limits)
-        self._detached = DetachedRuntime(self.args, self.tokenizer, tokenizer_path, self._deliver, self.client.fail_all)
+        self.client = SchedulerClient(self._send, encode=lambda text: self.tokenizer.encode(text),
+                                      limits=lambda: self._detached.limits)
+        self._detached = DetachedRuntime(self.args, lambda: load_tokenizer(tokenizer_path, self.args.chat_template),
+                                         tokenizer_path, self._deliver, self.client.fail_all)
+        self.tokenizer = self._detached.tokenizer  # loaded while the scheduler process loaded the model
         info = self._detached.ready.model_info
         self.eos_ids = set(info["eos_token_ids"])
         self.chat_template = info["chat_template"]

@@ -146,6 +146,32 @@ def test_a_scheduler_that_fails_to_start_raises_in_the_callers_thread(default_mo
         radixrt.Engine(engine_scheduler="process", dtype="float32", tp_size=2)
 
 
+def test_the_scheduler_loads_while_the_tokenizer_does_and_stops_when_that_fails(default_model_path, monkeypatch):
+    """The scheduler process is spawned before the caller loads its tokenizer (the model loads meanwhile); a
+    tokenizer that fails to load raises in the caller's thread, with the scheduler process stopped."""
+    import radixrt.server.detached as detached_module
+    import radixrt.tokenizer
+
+    events, spawned = [], []
+
+    def spawn_scheduler(*args, **kwargs):
+        events.append("scheduler")
+        spawned.append(real_spawn(*args, **kwargs))
+        return spawned[-1]
+
+    def load_tokenizer(*args, **kwargs):
+        events.append("tokenizer")
+        raise ValueError("injected: the tokenizer cannot be read")
+
+    real_spawn = detached_module.spawn_scheduler
+    monkeypatch.setattr(detached_module, "spawn_scheduler", spawn_scheduler)
+    monkeypatch.setattr(radixrt.tokenizer, "load_tokenizer", load_tokenizer)
+    with pytest.raises(ValueError, match="injected"):
+        radixrt.Engine(engine_scheduler="process", **OPTIONS)
+    assert events == ["scheduler", "tokenizer"]
+    assert spawned[0].poll() is not None  # stopped, not left loading the model
+
+
 def test_a_stream_left_early_aborts_its_request(detached):
     stream = detached.generate("count slowly:", {"max_new_tokens": 2000, "ignore_eos": True, "temperature": 0},
                                stream=True)

@@ -6,8 +6,10 @@ caller's threads or the detokenizer, which is what a GPU step must not wait for 
 threads together took about twice the scheduler's own host time a step). ``DetachedRuntime`` is the Engine's
 transport to them:
 
-- start-up: the helpers are spawned (radixrt.server.runtime_procs) and their handshake awaited; a helper that
-  exits first raises ``RuntimeError`` with its exit code (its log says why);
+- start-up: the scheduler is spawned (radixrt.server.runtime_procs), the caller's tokenizer loaded
+  (``load_tokenizer``, while the scheduler loads the model; kept as ``tokenizer``), the detokenizer spawned with it,
+  and their handshake awaited; a helper that exits first raises ``RuntimeError`` with its exit code (its log says
+  why), an error of ``load_tokenizer`` stops the scheduler and propagates;
 - ``send``: a message to the scheduler (any thread; ZMQ sockets are not thread-safe, so under a lock);
 - a receiver thread hands every text delta and control reply to ``deliver``; once a helper has died it calls
   ``fail`` with what happened, and ``problem`` says it from then on;
@@ -21,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import zmq
 
@@ -29,7 +31,7 @@ from radixrt.procs import stop_processes
 from radixrt.protocol.limits import ModelLimits
 from radixrt.protocol.messages import DetokenizerReady, SchedulerReady
 from radixrt.server.ipc import ENCODER, IpcPaths, TokenizerInbound, decoder
-from radixrt.server.runtime_procs import dead_helper, spawn_helpers
+from radixrt.server.runtime_procs import dead_helper, spawn_detokenizer, spawn_scheduler
 from radixrt.server_args import ServerArgs
 
 logger = logging.getLogger("radixrt.engine")
@@ -38,8 +40,8 @@ POLL_MS = 200  # how often the receiver looks at the helpers while nothing arriv
 
 
 class DetachedRuntime:
-    def __init__(self, args: ServerArgs, tokenizer, tokenizer_path: str, deliver: Callable[[object], None],
-                 fail: Callable[[str], None]) -> None:
+    def __init__(self, args: ServerArgs, load_tokenizer: Callable[[], Any], tokenizer_path: str,
+                 deliver: Callable[[object], None], fail: Callable[[str], None]) -> None:
         self._deliver, self._fail = deliver, fail
         self._ipc_dir = tempfile.mkdtemp(prefix="radixrt-engine-")
         paths = IpcPaths(self._ipc_dir)
@@ -55,7 +57,9 @@ class DetachedRuntime:
         self._stopping = threading.Event()
         self._procs: dict[str, subprocess.Popen] = {}
         try:
-            self._procs = spawn_helpers(args, self._ipc_dir, tokenizer, tokenizer_path)
+            self._procs["scheduler"] = spawn_scheduler(args, self._ipc_dir)  # it loads the model meanwhile
+            self.tokenizer = load_tokenizer()
+            self._procs["detokenizer"] = spawn_detokenizer(args, self._ipc_dir, self.tokenizer, tokenizer_path)
             self.ready = self._handshake()
         except BaseException:
             self.close()

@@ -1,5 +1,6 @@
 """The runtime's two helper processes, started the same way for `radixrt serve` and for an Engine whose
-scheduler runs apart (``engine_scheduler="process"``).
+scheduler runs apart (``engine_scheduler="process"``): the scheduler first (it loads the model while the caller
+loads its tokenizer), then the detokenizer, given that tokenizer.
 
 - the scheduler process (``radixrt.server.scheduler_process``) gets the machine's compute threads and the
   options without the API keys (a command line is visible to ``ps``; the scheduler needs none);
@@ -24,18 +25,6 @@ from radixrt.procs import HELPER_THREAD_ENV
 from radixrt.server_args import ServerArgs
 
 DECODER_FILE = "decoder.json"  # the Rust tokenizer the detokenizer decodes with, in the ipc folder
-
-
-def spawn_helpers(args: ServerArgs, ipc_dir: str, tokenizer, tokenizer_path: str,
-                  compute_env: dict[str, str] | None = None) -> dict[str, subprocess.Popen]:
-    """Start the scheduler and the detokenizer over the ipc sockets in ``ipc_dir`` (radixrt.server.ipc)."""
-    procs = {"scheduler": spawn_scheduler(args, ipc_dir, compute_env)}
-    try:
-        procs["detokenizer"] = spawn_detokenizer(args, ipc_dir, tokenizer, tokenizer_path, compute_env)
-    except BaseException:
-        procs["scheduler"].kill()
-        raise
-    return procs
 
 
 def spawn_scheduler(args: ServerArgs, ipc_dir: str, compute_env: dict[str, str] | None = None) -> subprocess.Popen:
