@@ -65,19 +65,26 @@ def pin_helper_threads() -> None:
     os.environ.update(HELPER_THREAD_ENV)
 
 
-def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
-    """SIGTERM each process still running, then SIGKILL those that outlive ``grace`` seconds."""
+def stop_processes(procs: list[subprocess.Popen], grace: float = 5.0, group: bool = False) -> None:
+    """SIGTERM each process still running, then SIGKILL those that outlive ``grace`` seconds; ``group``: signal
+    each one's whole process group (a process started with ``start_new_session=True``, its children with it)."""
+
+    def signal_(p: subprocess.Popen, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(p.pid, sig)
+            else:
+                p.send_signal(sig)
+
     for p in procs:
         if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
+            signal_(p, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for p in procs:
         try:
             p.wait(timeout=max(deadline - time.monotonic(), 0.05))
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
+            signal_(p, signal.SIGKILL)
             p.wait()
 
 

@@ -1,15 +1,15 @@
 """`radixrt bench startup`: the seconds from a server's command to its first answer, each server stopped after."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from radixrt.bench.startup import time_to_first_answer
-from radixrt.procs import free_port
+from radixrt.procs import free_port, stop_processes
 
 # answers 404 until DELAY seconds after its start, then 200 on /v1/models; writes its pid and folder first
 FAKE_SERVER = textwrap.dedent("""
@@ -32,11 +32,12 @@ FAKE_SERVER = textwrap.dedent("""
 
 
 def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its new parent has not reaped yet."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
         return True
-    return False
 
 
 def test_the_figure_is_the_time_to_the_first_200_and_the_server_is_stopped_after(tmp_path):
@@ -56,6 +57,28 @@ def test_a_server_that_exits_first_or_never_answers_is_an_error_with_its_log(tmp
     with pytest.raises(RuntimeError, match="did not answer within 1 s"):
         time_to_first_answer([sys.executable, "-c", FAKE_SERVER, str(port), "60", str(pid_file)], port, 1)
     assert _gone(int(pid_file.read_text().split()[0]))
+
+
+def test_a_process_group_is_stopped_whole(tmp_path):
+    """``stop_processes(group=True)``, as the bench stops a server: the children it started go with it (vLLM's
+    server runs its engine in one)."""
+    pid_file = tmp_path / "child"
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        time.sleep(600)
+    """)], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    stop_processes([parent], grace=5, group=True)
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10  # the child is init's to reap once its parent is gone
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert parent.returncode is not None and _gone(child)
 
 
 @pytest.mark.model

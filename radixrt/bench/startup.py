@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from radixrt.procs import free_port
+from radixrt.procs import free_port, stop_processes
 from radixrt.server_args import DEFAULT_MODEL
 
 POLL_S = 0.05
@@ -71,26 +70,12 @@ def time_to_first_answer(command: list[str], port: int, timeout: float, env: dic
                                            f"{_tail(log)}")
                     time.sleep(POLL_S)
         finally:
-            _stop(proc)
+            stop_processes([proc], STOP_WITHIN_S, group=True)
 
 
 def _tail(log) -> str:
     log.seek(0)
     return log.read()[-2000:]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(STOP_WITHIN_S)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    proc.wait()
 
 
 def run(args: argparse.Namespace) -> int:
