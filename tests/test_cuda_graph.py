@@ -186,6 +186,31 @@ def test_other_families_capture_without_a_sync_but_experts(tmp_path, family):
     torch.testing.assert_close(ours, eager.forward(decode_batch([0, 1])), rtol=1e-5, atol=1e-5)
 
 
+def test_released_memory_drops_the_graphs_and_resuming_it_captures_them_again(tmp_path):
+    """Graphs replay the addresses of the weights and the pool: releasing either drops them, and they are captured
+    again once nothing is released (radixrt.model.runner: release_memory, resume_memory); the new ones replay the
+    eager logits."""
+    save_tiny_model("llama", tmp_path)
+    factory = ReplayByCall()
+    graphed = ModelRunner(tmp_path, dtype="float32", page_size=PAGE, num_pages=64, attention_backend="triton",
+                          graph_factory=factory, cuda_graph_max_bs=2)
+    eager = ModelRunner(tmp_path, dtype="float32", page_size=PAGE, num_pages=64, attention_backend="triton")
+    first = graphed.graphs
+    for tags, steps in [({"kv_cache"}, [{"kv_cache"}]), ({"cuda_graph"}, [{"cuda_graph"}]),
+                        ({"weights", "kv_cache"}, [{"weights"}, {"kv_cache"}])]:
+        graphed.release_memory(tags)
+        assert graphed.graphs is None
+        for step in steps:
+            graphed.resume_memory(step)
+            assert (graphed.graphs is None) == bool(graphed.released)
+    assert graphed.graphs is not first and factory.captured == [2, 1] * 4
+    for runner in (graphed, eager):
+        prefill(runner, [0, 1])
+    ours = graphed.forward(decode_batch([0, 1])).clone()
+    assert graphed.graphs.replays == 1
+    torch.testing.assert_close(ours, eager.forward(decode_batch([0, 1])), rtol=1e-5, atol=1e-5)
+
+
 def test_start_up_warm_up_runs_prefill_extend_and_decode(runners):
     """What a CUDA runner runs at start-up (so Triton compiles and autotunes there): here on the same kernels."""
     graphed, _, _ = runners

@@ -7,6 +7,11 @@ unit of allocation and sharing: it is handed out with a reference count of one, 
 On the CPU the tensors live in one anonymous memory map: the kernel hands its pages out zeroed and only when
 first written, so a pool sized to a share of the machine's memory (:func:`default_budget_bytes`) costs
 nothing at start-up and only as much resident memory as the cache has ever held.
+
+``release_memory`` gives the tensors' memory back while their contents are not needed (SGLang's
+``release_memory_occupation``): on the CPU the map's pages are removed (its addresses stay, zero when next read), on
+a GPU each tensor's storage shrinks to nothing and ``restore_memory`` allocates it again, zeroed, at new addresses
+(captured CUDA graphs must be captured again). The allocator's state is untouched: its caller frees every page first.
 """
 
 from __future__ import annotations
@@ -48,7 +53,10 @@ class KVLayout:
 
 
 class PagePool:
-    def __init__(self, layout: KVLayout, num_pages: int, device: str | torch.device = "cpu") -> None:
+    def __init__(self, layout: KVLayout, num_pages: int, device: str | torch.device = "cpu",
+                 lazy: bool | None = None) -> None:
+        """``lazy`` (the default on a CPU, which only it can be): the tensors in one anonymous map, see the module
+        doc."""
         if num_pages < 1:
             raise ValueError(f"the KV pool needs at least one page, got {num_pages}")
         if layout.page_size < 1:
@@ -57,10 +65,13 @@ class PagePool:
         self.page_size = layout.page_size
         self.num_pages = num_pages
         shape = (num_pages, layout.page_size, layout.kv_heads, layout.head_dim)
-        if torch.device(device).type == "cpu":
-            caches = list(_zeroed_on_first_touch((2 * layout.num_layers, *shape), layout.dtype))
+        self._region: mmap.mmap | None = None
+        if lazy if lazy is not None else torch.device(device).type == "cpu":
+            self._region, whole = _zeroed_on_first_touch((2 * layout.num_layers, *shape), layout.dtype)
+            caches = list(whole)
         else:
             caches = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(2 * layout.num_layers)]
+        self.released = False
         self.k_caches, self.v_caches = caches[: layout.num_layers], caches[layout.num_layers :]
         self.ref_counts = np.zeros(num_pages, dtype=np.int32)
         # Popping from the end hands out low page ids first, which keeps small runs easy to read.
@@ -135,6 +146,29 @@ class PagePool:
             k[dst, :num_tokens] = k[src, :num_tokens]
             v[dst, :num_tokens] = v[src, :num_tokens]
 
+    def release_memory(self) -> None:
+        """Give the K/V tensors' memory back (the module doc says how); every page must be free."""
+        if self.num_used:
+            raise RuntimeError(f"{self.num_used} KV pages are in use: free them before releasing the pool's memory")
+        if self.released:
+            return
+        if self._region is not None:
+            self._region.madvise(mmap.MADV_REMOVE)
+        else:
+            for cache in self.k_caches + self.v_caches:
+                cache.untyped_storage().resize_(0)
+        self.released = True
+
+    def restore_memory(self) -> None:
+        """Make the K/V tensors usable again after ``release_memory`` (zero wherever they are read first)."""
+        if not self.released:
+            return
+        if self._region is None:
+            for cache in self.k_caches + self.v_caches:
+                cache.untyped_storage().resize_(cache.numel() * cache.element_size())
+                cache.zero_()
+        self.released = False
+
     def slots(self, pages: list[int], num_tokens: int) -> torch.Tensor:
         """Flat slot ids of the first ``num_tokens`` token positions stored in ``pages``."""
         positions = torch.arange(num_tokens)
@@ -174,7 +208,7 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _zeroed_on_first_touch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def _zeroed_on_first_touch(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[mmap.mmap, torch.Tensor]:
     """A CPU tensor in a fresh anonymous map: zero, and backed by memory only where it is written.
 
     It stays in 4 KB pages. Transparent huge pages (a private map with MADV_HUGEPAGE; a shared one only gets them
@@ -183,4 +217,4 @@ def _zeroed_on_first_touch(shape: tuple[int, ...], dtype: torch.dtype) -> torch.
     benchmark's rotary-and-store went from 0.44 s to 3.05 s, its throughput from 369 to 327 tokens/s)."""
     count = int(np.prod(shape))
     region = mmap.mmap(-1, max(count * torch.empty((), dtype=dtype).element_size(), 1))
-    return torch.frombuffer(region, dtype=dtype, count=count).view(shape)
+    return region, torch.frombuffer(region, dtype=dtype, count=count).view(shape)

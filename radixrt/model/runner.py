@@ -12,6 +12,13 @@ On CUDA (one rank, the Triton attention backend), decode batches replay CUDA gra
 the experts' row counts on the host); any other batch runs eagerly. A ``graph_factory`` given by a caller (tests on a CPU)
 takes the CUDA graphs' place.
 
+``release_memory`` and ``resume_memory`` give the memory of the weights, the KV pool and the decode graphs back
+between uses and take it again (SGLang's ``release_memory_occupation``, tags ``MEMORY_TAGS``): the weights are
+dropped and built again from the checkpoint (``model_path``, with ``overlay``), so tensors copied in place since it
+was read are not kept (``weights_diverged`` says whether there are any); the pool keeps its tensors
+(``PagePool.release_memory``); the graphs, which replay the addresses of both, are captured again once all three are
+back.
+
 An embedding model (``is_embedding``, or an embedding checkpoint's architecture: ``model/families.py``) is built
 without its LM head: its forward returns the final norm's output at the logits rows, and it captures no graphs (it
 never decodes). ``pooling`` (``model/pooling.py``) says how its requests' vectors are made. A classifier or reward
@@ -21,6 +28,7 @@ at the prompt's last token.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -32,7 +40,7 @@ import torch
 from radixrt import env
 from radixrt.kernels import cpu_kernels
 from radixrt.memory.page_pool import KVLayout, PagePool, default_budget_bytes, fraction_budget_bytes
-from radixrt.model.cpu_malloc import keep_freed_memory
+from radixrt.model.cpu_malloc import keep_freed_memory, release_freed_memory
 from radixrt.model.attention import AttentionBackend, create_attention_backend
 from radixrt.model.cuda_graph import CudaGraphFactory, GraphFactory, GraphRunner
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
@@ -63,6 +71,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("radixrt.runner")
 # the largest batch captured by default (--cuda-graph-max-bs); larger decode batches run eagerly
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")  # SGLang's names of what release_memory gives back
 
 # What `--dtype auto` resolves to, whatever the CPU: float32 or bfloat16 (unset: bf16 where the CPU runs it fast).
 AUTO_DTYPE_ENV = "RADIXRT_AUTO_DTYPE"
@@ -198,6 +207,8 @@ class ModelRunner:
         self.context_length = int(context_length or self.config.max_position_embeddings)
         self.tp, self.quantization, self.model_overrides = tp, quantization, model_overrides
         self.overlay: dict[str, torch.Tensor] = {}  # tensors updated since model_path's (update_tensors)
+        self.weights_diverged = False  # tensors copied in place since model_path was read, not in overlay
+        self.released: set[str] = set()  # of MEMORY_TAGS, by release_memory
         self.model, self.packed_linears = self._build_model(self.model_path, self.device, self.device.type == "cpu")
         self.long_rope_from = long_rope_from(self.model)  # forward batches map positions to its rotary rows
         self.adapters: Adapters | None = None
@@ -229,6 +240,7 @@ class ModelRunner:
             self.pool = PagePool.from_memory_budget(layout, kv_memory_gb, self.device)
         self.attention: AttentionBackend = create_attention_backend(self.pool, attention_backend, deterministic)
         self.graphs: GraphRunner | None = None
+        self._graph_capture: tuple[GraphFactory, int] | None = None  # how the graphs were captured
         if self.device.type == "cuda" and world is None:  # ranks would have to warm up in step
             self._warm_up()
         if self.embedding_only:
@@ -283,6 +295,7 @@ class ModelRunner:
         check_tensor_names(checkpoint_shapes(self.model_path), tensors)
         if self.model.fp8_scheme is None:  # each copied into its place (a packed layer packed again)
             self.model.update_weights_in_place(text_model_tensors(tensors.items()), self.deterministic)
+            self.weights_diverged = True
             logger.info("%d tensors loaded in place", len(tensors))
         else:
             self._replace_model(self.model_path, {**self.overlay, **{n: t.cpu() for n, t in tensors.items()}})
@@ -299,9 +312,9 @@ class ModelRunner:
             raise KeyError(f"{name!r} is not a tensor of the served checkpoint (names as in its safetensors files)")
         return self.model.read_weight(name, shapes[name])
 
-    def _check_one_rank(self) -> None:
+    def _check_one_rank(self, what: str = "weights cannot be updated") -> None:
         if self.world is not None:
-            raise ValueError("weights cannot be updated under tensor parallelism (--tp-size > 1) yet")
+            raise ValueError(f"{what} under tensor parallelism (--tp-size > 1) yet")
 
     def _replace_model(self, model_path: Path, overlay: dict[str, torch.Tensor]) -> None:
         self._check_one_rank()
@@ -312,9 +325,44 @@ class ModelRunner:
             copy_parameters(self.model, model)
         else:
             self.model = model
-        self.model_path, self.overlay = Path(model_path), overlay
+        self.model_path, self.overlay, self.weights_diverged = Path(model_path), overlay, False
         logger.info("weights of %s%s loaded %s in %.1f s", model_path, f" and {len(overlay)} tensors" if overlay else "",
                     "in place" if in_place else "and swapped in", time.perf_counter() - started)
+
+    def release_memory(self, tags: set[str]) -> None:
+        """Give back the memory of ``tags`` (of ``MEMORY_TAGS``; the module doc says how), every KV page free. The
+        graphs go with the weights or the pool, whose addresses they replay."""
+        self._check_one_rank("memory cannot be released")
+        if tags & {"weights", "kv_cache", "cuda_graph"}:
+            self.graphs = None
+        if "kv_cache" in tags:
+            self.pool.release_memory()
+        if "weights" in tags:
+            self.model = None
+        self.released |= tags
+        gc.collect()  # modules hold reference cycles
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        else:
+            release_freed_memory()
+        logger.info("memory released: %s", ", ".join(sorted(self.released)))
+
+    def resume_memory(self, tags: set[str]) -> bool:
+        """Take the memory of ``tags`` again; returns whether the weights came back without tensors that had been
+        copied in place (``weights_diverged``): their checkpoint's values, not the ones served before."""
+        started, lost_updates = time.perf_counter(), False
+        if "weights" in tags and self.model is None:
+            lost_updates = self.weights_diverged
+            self.model, self.packed_linears = self._build_model(self.model_path, self.device,
+                                                                self.device.type == "cpu", self.overlay)
+            self.weights_diverged = False
+        if "kv_cache" in tags:
+            self.pool.restore_memory()
+        self.released -= tags
+        if self._graph_capture is not None and self.graphs is None and not self.released:
+            self._capture_graphs(*self._graph_capture)
+        logger.info("memory resumed: %s in %.1f s", ", ".join(sorted(tags)), time.perf_counter() - started)
+        return lost_updates
 
     def _warm_up(self) -> None:
         """Compile and autotune the kernels of prefill, extend and decode now, not on the first requests: a few
@@ -335,6 +383,7 @@ class ModelRunner:
 
     def _capture_graphs(self, factory: GraphFactory, max_bs: int) -> None:
         max_pages = math.ceil(self.context_length / self.page_size)
+        self._graph_capture = factory, max_bs
         self.graphs = GraphRunner(self._eager_forward, max_bs, max_pages, self.device, factory)
         try:
             with torch.inference_mode():
