@@ -29,7 +29,16 @@ from typing import Callable, Protocol
 from radixrt.metrics import RequestMetrics
 from radixrt.protocol.errors import Overloaded, RequestError, RequestFailed, RuntimeDown, error_for
 from radixrt.protocol.limits import NO_LIMITS, ClientLimits, ModelLimits
-from radixrt.protocol.messages import AbortReq, BatchStrOut, Control, ControlOut, ControlReq, PauseOut, WeightsOut
+from radixrt.protocol.messages import (
+    AbortReq,
+    BatchStrOut,
+    Control,
+    ControlOut,
+    ControlReq,
+    MemoryOut,
+    PauseOut,
+    WeightsOut,
+)
 from radixrt.protocol.request import GenerateInput, Prepared, expand, prepare
 from radixrt.response import ResponseBuilder
 
@@ -154,6 +163,7 @@ class SchedulerClient:
         # what updates of weights changed in the model's info (model_path, weight_version), from their replies
         self.weights_info: dict[str, str] = {}
         self.paused = False  # as the latest pause or continue left the scheduler (radixrt.scheduler.weights)
+        self.released: list[str] = []  # memory given back, as the latest release or resume left it (occupation)
 
     # ----- requests -----------------------------------------------------------------------------------
 
@@ -270,6 +280,9 @@ class SchedulerClient:
             self.weights_info = {"model_path": reply.body.model_path, "weight_version": reply.body.weight_version}
         elif isinstance(reply.body, PauseOut):
             self.paused = reply.body.paused
+        elif isinstance(reply.body, MemoryOut):
+            self.released = list(reply.body.released)
+            self.weights_info["weight_version"] = reply.body.weight_version
         if future is None or future.done():
             return  # its caller gave up waiting
         if reply.error is None:

@@ -1,5 +1,6 @@
 """The Engine's calls for reinforcement-learning loops, as SGLang's Engine names them: updates of weights (from a
-checkpoint on disk or from tensors), pauses, weight versions. A base of ``radixrt.engine.Engine``; each is a control
+checkpoint on disk or from tensors), pauses, weight versions, memory released between rollouts (and vLLM's
+``sleep`` / ``wake_up`` / ``is_sleeping``). A base of ``radixrt.engine.Engine``; each is a control
 call (``Engine._call``) the scheduler serves between steps (radixrt.scheduler.weights)."""
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from radixrt.protocol.messages import (
     DestroyWeightGroupReq,
     InitWeightGroupReq,
     PauseReq,
+    ReleaseMemoryReq,
+    ResumeMemoryReq,
     UpdateWeightsReq,
+    sleep_tags,
     WeightsByNameReq,
     WeightVersionReq,
 )
@@ -127,3 +131,29 @@ class WeightCalls:
     def update_weight_version(self, new_version: str, abort_all_requests: bool = False) -> str:
         """Name the served weights ``new_version`` (each response's ``meta_info["weight_version"]``)."""
         return self._call(WeightVersionReq(new_version, abort_all_requests)).weight_version
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """SGLang's: give back the memory of ``tags`` (``weights``, ``kv_cache``, ``cuda_graph``; None: all) until
+        ``resume_memory_occupation``; requests made meanwhile wait. The KV cache's prefixes are dropped; resumed
+        weights are their checkpoint's (send updated tensors again). A ``RequestError`` (a ``ValueError``) while
+        requests hold KV pages: wait for them or ``pause_generation`` first (radixrt.scheduler.occupation)."""
+        self._call(ReleaseMemoryReq(list(tags) if tags else None))
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """SGLang's: take the memory of ``tags`` (None: all released) again; once nothing is released, waiting
+        requests run."""
+        self._call(ResumeMemoryReq(list(tags) if tags else None))
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's: level 1 gives back the KV cache (the decode graphs with it) and keeps the weights, which a CPU holds
+        in host memory already (on a GPU they stay on it: not offloaded); level 2 the weights too."""
+        self.release_memory_occupation(sleep_tags(level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM's: take back what ``sleep`` gave (``tags``: ``weights``, ``kv_cache``; None: all)."""
+        self.resume_memory_occupation(tags)
+
+    def is_sleeping(self) -> bool:
+        """vLLM's: whether any memory is given back (by the last release or resume answered)."""
+        return bool(self.client.released)
+

@@ -207,3 +207,26 @@ def test_weights_and_pauses_cross_the_process_boundary(detached, default_model_p
         assert ok, message
     assert detached.generate(PROMPTS[0], GREEDY)["output_ids"] == before
     assert detached.get_model_info()["weight_version"] == "default"
+
+
+def test_memory_released_and_resumed_across_the_process_boundary(detached):
+    """SGLang's release / resume and vLLM's sleep / wake_up reach the scheduler's process; a request made while
+    released waits for the resume, then gets the tokens of before."""
+    import threading
+
+    before = detached.generate(PROMPTS[0], GREEDY)["output_ids"]
+    detached.sleep(level=2)
+    try:
+        assert detached.is_sleeping()
+        results: dict = {}
+        waiting = threading.Thread(target=lambda: results.update(out=detached.generate(PROMPTS[0], GREEDY)))
+        waiting.start()
+        waiting.join(timeout=1.0)
+        assert waiting.is_alive()
+    finally:
+        detached.wake_up()
+    waiting.join(timeout=60)
+    assert not detached.is_sleeping() and results["out"]["output_ids"] == before
+    detached.release_memory_occupation(["kv_cache"])
+    detached.resume_memory_occupation()
+    assert detached.generate(PROMPTS[0], GREEDY)["output_ids"] == before

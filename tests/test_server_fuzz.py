@@ -165,7 +165,7 @@ def test_extreme_int64_values_never_5xx(server, path, body):
 def test_bounded_fuzz_run_passes_every_check_with_no_hang(server):
     report = run_fuzz(server.url, max_examples=6, timeout=30.0, seed=1)
     print(report.render())
-    assert report.cases >= 40 and len(report.operations) == 33
+    assert report.cases >= 40 and len(report.operations) == 34
     assert report.server_errors == [] and report.hangs == []
     assert report.check_failures == []  # every schemathesis check: statuses, bodies, negative and positive data
     assert report.statuses[200] > 0 and report.statuses[400] > 0

@@ -3,7 +3,7 @@
     python -m radixrt.bench.fuzz_http --max-examples 100                 # starts a server (float32)
     python -m radixrt.bench.fuzz_http --url http://127.0.0.1:30000 --max-examples 100
 
-For every operation (but the profiler's, the LoRA loads', the updates of weights' and the pauses', ``NOT_FUZZED``) it sends ``--max-examples`` bodies that fit the schema
+For every operation (but the profiler's, the LoRA loads', the updates of weights', the pauses' and the memory releases', ``NOT_FUZZED``) it sends ``--max-examples`` bodies that fit the schema
 (positive) and as many that break it (negative), one at a time, and checks: every one of schemathesis's checks
 on every answer (no 5xx, status codes, content types and bodies as the document declares them, negative data
 refused, positive data accepted, ...), every answer within ``--timeout`` seconds (else a hang), and afterwards
@@ -31,11 +31,13 @@ TOKEN_COUNTS = ("max_new_tokens", "min_new_tokens", "max_tokens", "max_completio
 # all over the machine. tests/test_server_profile.py covers them. A LoRA load reads whatever path (or hub id) a
 # body names, and no generated body names a real adapter; tests/test_lora_serving.py covers both LoRA routes. An
 # update of weights reads whatever path a body names too, and a pause (SGLang's or vLLM's) would hold every later
-# case until a continue; tests/test_weight_update.py covers those. Joining a weight group waits for a trainer at whatever address a
+# case until a continue; tests/test_weight_update.py covers those. So would memory released (SGLang's release, vLLM's
+# sleep) until resumed; tests/test_memory_release.py covers those routes. Joining a weight group waits for a trainer at whatever address a
 # body names; tests/test_weight_broadcast.py covers it.
 NOT_FUZZED = frozenset({"/start_profile", "/stop_profile", "/load_lora_adapter", "/unload_lora_adapter",
                         "/update_weights_from_disk", "/pause_generation", "/continue_generation",
-                        "/init_weights_update_group", "/pause", "/resume"})
+                        "/init_weights_update_group", "/pause", "/resume", "/release_memory_occupation",
+                        "/resume_memory_occupation", "/sleep", "/wake_up"})
 SERVER_ARGS = ["--dtype", "float32", "--kv-memory-gb", "0.05", "--context-length", "512", "--log-interval", "0"]
 REFERENCE = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4, "temperature": 0,
                                                                       "ignore_eos": True}}

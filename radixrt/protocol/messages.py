@@ -16,6 +16,7 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from radixrt.protocol.errors import RequestError
 from radixrt.sampling.params import SamplingParams
 
 
@@ -376,11 +377,40 @@ class WeightsOut(msgspec.Struct, tag=True):
     aborted: int = 0  # requests the call aborted (``abort_all_requests``)
 
 
+class ReleaseMemoryReq(msgspec.Struct, tag=True):
+    """SGLang's /release_memory_occupation: give back the memory of ``tags`` (``weights``, ``kv_cache``,
+    ``cuda_graph``; none: all) while nothing runs; requests that arrive meanwhile wait (radixrt.scheduler.occupation)."""
+
+    tags: list[str] | None = None
+
+
+class ResumeMemoryReq(msgspec.Struct, tag=True):
+    """SGLang's /resume_memory_occupation: take the memory of ``tags`` (none: all released) again."""
+
+    tags: list[str] | None = None
+
+
+def sleep_tags(level: int) -> list[str]:
+    """The memory tags vLLM's sleep ``level`` gives back: 1 the KV cache (the decode graphs go with it; the weights
+    stay), 2 the weights too."""
+    if level == 1:
+        return ["kv_cache"]
+    if level == 2:
+        return ["weights", "kv_cache"]
+    raise RequestError(f"sleep level {level!r}: 1 (the KV cache) or 2 (the weights too)")
+
+
+class MemoryOut(msgspec.Struct, tag=True):
+    released: list[str]  # the tags whose memory is given back, after the call
+    weight_version: str  # resumed weights may be their checkpoint's again, named as it was
+
+
 Control = Union[StatsReq, FlushCacheReq, OpenSessionReq, CloseSessionReq, StartProfileReq, StopProfileReq,
                 ProfileStateReq, LoadLoraReq, UnloadLoraReq, PauseReq, ContinueReq, UpdateWeightsReq,
-                WeightVersionReq, InitWeightGroupReq, DestroyWeightGroupReq, WeightsByNameReq]
+                WeightVersionReq, InitWeightGroupReq, DestroyWeightGroupReq, WeightsByNameReq, ReleaseMemoryReq,
+                ResumeMemoryReq]
 ControlReply = Union[StatsOut, FlushCacheOut, OpenSessionOut, CloseSessionOut, ProfileOut, ProfileStateOut,
-                     LoraAdaptersOut, PauseOut, WeightsOut, WeightGroupOut, WeightsByNameOut]
+                     LoraAdaptersOut, PauseOut, WeightsOut, WeightGroupOut, WeightsByNameOut, MemoryOut]
 
 
 class ControlReq(msgspec.Struct, tag=True):

@@ -34,6 +34,8 @@ from radixrt.protocol.messages import (
     ProfileOut,
     ProfileStateOut,
     ProfileStateReq,
+    ReleaseMemoryReq,
+    ResumeMemoryReq,
     StartProfileReq,
     StatsOut,
     StatsReq,
@@ -43,7 +45,7 @@ from radixrt.protocol.messages import (
     WeightsByNameReq,
     WeightVersionReq,
 )
-from radixrt.scheduler import weight_groups, weights
+from radixrt.scheduler import occupation, weight_groups, weights
 
 if TYPE_CHECKING:
     from radixrt.scheduler.scheduler import Scheduler
@@ -97,6 +99,7 @@ HANDLERS: dict[type, Callable[[Any, Any], Any]] = {
     LoadLoraReq: _load_lora, UnloadLoraReq: _unload_lora, PauseReq: weights.pause,
     ContinueReq: weights.resume, UpdateWeightsReq: weights.update, WeightVersionReq: weights.weight_version,
     DestroyWeightGroupReq: weight_groups.destroy, WeightsByNameReq: weights.weights_by_name,
+    ReleaseMemoryReq: occupation.release, ResumeMemoryReq: occupation.resume,
 }
 
 

@@ -291,7 +291,7 @@ class Scheduler:
         if self.inbox or self.launched or self.weight_groups.joining:
             return False
         gate = self.gate
-        return gate.paused is not None or not (self.waiting or self.running or gate.pending or gate.held)
+        return gate.stopped or not (self.waiting or self.running or gate.pending or gate.held)
 
     # ----- one step -----------------------------------------------------------------------------------
 
@@ -327,7 +327,7 @@ class Scheduler:
         if update is not None:
             self.sink(answer(self, update))
             return True
-        if self.gate.paused is not None:
+        if self.gate.stopped:
             return had_messages
         for req in self.admission.drop_failed_grammars():
             self.sessions.ended(req.rid)

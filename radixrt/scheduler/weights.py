@@ -19,11 +19,13 @@ opens again; aborts and control calls are served as always. It closes for:
   the caller's 400) and, with ``flush_cache`` (the default), drops the prefix cache and the sessions' pins: their
   pages hold keys and values of the old weights. Requests paused in place hold such pages too: an update that
   would flush is refused (409) while they do.
+- memory released (radixrt.scheduler.occupation, ``released``): no step runs until every tag is resumed.
 
 ``weight_version`` names the served weights (``--weight-version`` at start, then each update's or
 ``WeightVersionReq``'s); every request's last delta carries it (``meta_info["weight_version"]``).
-``weights_by_name`` reads the served values of one tensor back (SGLang's /get_weights_by_name, for checking that an
-update landed).
+``checkpoint_version`` names the weights of the runner's checkpoint as read (until tensors are copied in place),
+which resumed weights are again. ``weights_by_name`` reads the served values of one tensor back (SGLang's
+/get_weights_by_name, for checking that an update landed).
 """
 
 from __future__ import annotations
@@ -63,11 +65,18 @@ class Gate:
         self.pending: ControlReq | None = None  # an update of weights waiting for the requests in flight
         self.aborted = 0  # the requests the waiting update aborted
         self.held: deque[GenerateReq] = deque()
+        self.released: set[str] = set()  # memory given back (radixrt.scheduler.occupation)
         self.weight_version = weight_version
+        self.checkpoint_version = weight_version  # names the weights of the runner's checkpoint as read
+
+    @property
+    def stopped(self) -> bool:
+        """No step runs: paused, or memory released."""
+        return self.paused is not None or bool(self.released)
 
     @property
     def closed(self) -> bool:
-        return self.paused is not None or self.pending is not None
+        return self.stopped or self.pending is not None
 
     def drop_held(self, rid: str) -> GenerateReq | None:
         for msg in self.held:
@@ -132,7 +141,7 @@ def resume(scheduler: Scheduler, req: ContinueReq | None = None) -> PauseOut:
     if gate.pending is not None and isinstance(gate.pending.body, PauseReq):
         scheduler.sink(ControlOut(gate.pending.id, body=PauseOut(paused=False, requests=0)))
         gate.pending = None
-    if gate.pending is None:
+    if not gate.closed:
         release_held(scheduler)
     return PauseOut(paused=False, requests=0)
 
@@ -162,7 +171,7 @@ def update_due(scheduler: Scheduler) -> ControlReq | None:
     has finished. Its answer opens the gate (``update`` runs it)."""
     gate = scheduler.gate
     in_flight = scheduler.running or scheduler.waiting or scheduler.launched
-    if gate.pending is None or (gate.paused is None and in_flight):
+    if gate.pending is None or (not gate.stopped and in_flight):
         return None
     msg, gate.pending = gate.pending, None
     return msg
@@ -177,14 +186,17 @@ def update(scheduler: Scheduler, req: UpdateWeightsReq) -> WeightsOut:
         if req.flush_cache and scheduler.running:
             raise Conflict(f"{len(scheduler.running)} requests paused in place hold pages computed with the served "
                            "weights: pause with mode retract or abort first, or update with flush_cache false")
+        if "weights" in gate.released:
+            raise Conflict("the weights are released: resume_memory_occupation with tag weights first")
         _load(scheduler, req)
     finally:
-        if gate.paused is None:
+        if not gate.closed:
             release_held(scheduler)
     if req.flush_cache:
         scheduler.drop_cache()
     if req.weight_version is not None:
         set_version(scheduler, req.weight_version)
+    _note_checkpoint(scheduler)
     served = str(scheduler.runner.model_path)
     source = "tensors" if req.tensors is not None else "a broadcast" if req.broadcast is not None else served
     logger.info("weights updated from %s (version %s)", source, gate.weight_version)
@@ -243,6 +255,8 @@ MAX_VALUES_READ = 1 << 24  # about 200 MB of JSON
 
 
 def weights_by_name(scheduler: Scheduler, req: WeightsByNameReq) -> WeightsByNameOut:
+    if "weights" in scheduler.gate.released:
+        raise Conflict("the weights are released: resume_memory_occupation with tag weights first")
     if req.truncate_size < 0:
         raise RequestError(f"truncate_size {req.truncate_size} is negative")
     try:
@@ -258,4 +272,11 @@ def weights_by_name(scheduler: Scheduler, req: WeightsByNameReq) -> WeightsByNam
 
 def set_version(scheduler: Scheduler, version: str) -> None:
     scheduler.gate.weight_version = scheduler.output.weight_version = version
+    _note_checkpoint(scheduler)
     logger.info("weight version %s", version)
+
+
+def _note_checkpoint(scheduler: Scheduler) -> None:
+    """The served weights are their checkpoint's as read: what resumed weights are named after (occupation)."""
+    if not scheduler.runner.weights_diverged:
+        scheduler.gate.checkpoint_version = scheduler.gate.weight_version

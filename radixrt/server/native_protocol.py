@@ -256,6 +256,13 @@ class PauseBody(msgspec.Struct, forbid_unknown_fields=True):
     mode: Literal["abort", "retract", "in_place"] = "abort"
 
 
+class MemoryTagsBody(msgspec.Struct, forbid_unknown_fields=True):
+    """SGLang's /release_memory_occupation and /resume_memory_occupation: ``tags`` among ``weights``, ``kv_cache``,
+    ``cuda_graph`` (none: all)."""
+
+    tags: list[Literal["weights", "kv_cache", "cuda_graph"]] | None = None
+
+
 class ContinueBody(msgspec.Struct, forbid_unknown_fields=True):
     """SGLang's /continue_generation; ``torch_empty_cache`` changes nothing here."""
 

@@ -37,6 +37,7 @@ from radixrt.server.native_protocol import (
     LoadLoraBody,
     ContinueBody,
     OpenSessionBody,
+    MemoryTagsBody,
     PauseBody,
     StartProfileBody,
     TokenizeBody,
@@ -125,7 +126,7 @@ STRUCTS = [GenerateBody, AbortBody, OpenSessionBody, CloseSessionBody, StartProf
            oai.ChatCompletionRequest, TokenizeBody, DetokenizeBody, oai.EmbeddingRequest, EncodeBody, oai.ClassifyRequest,
            oai.ScoreRequest, oai.RerankRequest, oai.PairScoreRequest, LoadLoraBody, UnloadLoraBody, UpdateWeightsBody,
            InitWeightsGroupBody, UpdateDistributedBody, DestroyWeightsGroupBody, PauseBody, ContinueBody,
-           WeightsByNameBody, WeightVersionBody, ErrorResponse]
+           WeightsByNameBody, WeightVersionBody, MemoryTagsBody, ErrorResponse]
 
 UPDATE_ANSWER = {"type": "object", "required": ["success", "message", "num_paused_requests"], "properties": {
     "success": {"type": "boolean"}, "message": {"type": "string"}, "num_paused_requests": {"type": "integer"}}}
@@ -472,6 +473,21 @@ def build_openapi(limits: ApiLimits, version: str) -> dict[str, Any]:
                                              for flag in ("wait_for_inflight_requests", "clear_cache"))]}},
         "/resume": {"post": get("vLLM's: end a pause", json_ok, 503)},
         "/is_paused": {"get": get("vLLM's: whether generation is paused", json_ok, 503)},
+        **{path: {m: {**post(summary, "MemoryTagsBody", json_ok, 400, 409, 503),
+                      "requestBody": {**_json_body("MemoryTagsBody"), "required": False}} for m in ("get", "post")}
+           for path, summary in (
+               ("/release_memory_occupation", "give back the memory of the weights, the KV cache or the decode "
+                                              "graphs while nothing runs; new requests wait"),
+               ("/resume_memory_occupation", "take released memory again (the weights as their checkpoint's)"))},
+        "/sleep": {"post": {**get("vLLM's: give back the KV cache (level 1) and the weights (level 2)", json_ok,
+                                  400, 409, 503),
+                            "parameters": [{"name": "level", "in": "query", "required": False,
+                                            "schema": {"enum": ["1", "2"]}}]}},
+        "/wake_up": {"post": {**get("vLLM's: take back what /sleep gave", json_ok, 400, 503),
+                              "parameters": [{"name": "tags", "in": "query", "required": False,
+                                              "schema": {"type": "array",
+                                                         "items": {"enum": ["weights", "kv_cache", "cuda_graph"]}}}]}},
+        "/is_sleeping": {"get": get("vLLM's: whether memory is given back", json_ok, 503)},
         "/get_weight_version": {"get": get("the served weights' version", json_ok, 503)},
         "/update_weight_version": {"post": post("name the served weights", "WeightVersionBody", json_ok, 400, 503)},
         "/health": {"get": get("200 while every process is alive", json_ok, 503)},

@@ -49,12 +49,14 @@ async def health_check(health: Callable[[], str | None], request: Request) -> Re
 async def health_generate(tm: TokenizerManager, health: Callable[[], str | None], request: Request) -> Response:
     """SGLang's /health_generate: a real one-token generation through the request path and the scheduler; 200
     when it finished in time, else 503 with why. While generation is paused (/pause_generation) no token can come:
-    200 with ``paused`` once every process is alive."""
+    200 with ``paused`` once every process is alive; so while memory is released (``released``)."""
     problem = health()
     if problem is not None:
         return error_response(f"unhealthy: {problem}", 503)
     if tm.client.paused:
         return json_response({"status": "ok", "paused": True})
+    if tm.client.released:  # memory given back (/release_memory_occupation): no token either
+        return json_response({"status": "ok", "released": tm.client.released})
     first = tm.tokenizer.bos_token_id if tm.tokenizer.bos_token_id is not None else 0
     rid = f"HEALTH_CHECK_{uuid.uuid4().hex[:12]}"
     if tm.limits.generates:

@@ -29,7 +29,8 @@ ADMIN_PATHS = frozenset({"/flush_cache", "/abort_request", "/start_profile", "/s
                          "/unload_lora_adapter", "/update_weights_from_disk", "/pause_generation",
                          "/continue_generation", "/update_weight_version", "/init_weights_update_group",
                          "/update_weights_from_distributed", "/destroy_weights_update_group",
-                         "/get_weights_by_name", "/pause", "/resume"})
+                         "/get_weights_by_name", "/pause", "/resume", "/release_memory_occupation",
+                         "/resume_memory_occupation", "/sleep", "/wake_up"})
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

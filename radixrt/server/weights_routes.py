@@ -1,8 +1,9 @@
 """SGLang's routes for reinforcement-learning loops (admin routes): POST /update_weights_from_disk,
 /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group, /pause_generation,
-/continue_generation, /update_weight_version and /get_weights_by_name (GET too), GET /get_weight_version; vLLM's
-POST /pause (query ``mode`` abort, wait or keep; ``wait_for_inflight_requests``, ``clear_cache``), POST /resume and
-GET /is_paused.
+/continue_generation, /update_weight_version, /get_weights_by_name, /release_memory_occupation and
+/resume_memory_occupation (GET too), GET /get_weight_version; vLLM's POST /pause (query ``mode`` abort, wait or keep;
+``wait_for_inflight_requests``, ``clear_cache``), POST /resume, GET /is_paused, POST /sleep (query ``level`` 1 or 2),
+POST /wake_up (query ``tags``, repeated) and GET /is_sleeping.
 
 The scheduler serves them between steps (radixrt.scheduler.weights): an update waits for the requests in flight and
 holds new ones meanwhile, so its call may take as long as they do (no timeout here). A hub id or a GGUF file is
@@ -10,7 +11,9 @@ resolved to a local folder first, on a thread of its own, so the scheduler reads
 SGLang's: ``{"success", "message", "num_paused_requests"}`` for an update (200, or the error's status with
 ``success`` false: the served weights stay; ``{"success", "message"}`` for the weight group's calls),
 ``{"message", "status": "ok"}`` for a pause or a continue,
-``{"weight_version"}`` and ``{"success", "message", "new_version"}`` for the version.
+``{"weight_version"}`` and ``{"success", "message", "new_version"}`` for the version, ``{"success", "message",
+"released"}`` for memory released or resumed (radixrt.scheduler.occupation; 409 while requests hold KV pages),
+vLLM's empty 200 for /sleep and /wake_up.
 """
 
 from __future__ import annotations
@@ -27,15 +30,19 @@ from radixrt.protocol.messages import (
     DestroyWeightGroupReq,
     InitWeightGroupReq,
     PauseReq,
+    ReleaseMemoryReq,
+    ResumeMemoryReq,
     UpdateWeightsReq,
     WeightsByNameReq,
     WeightVersionReq,
+    sleep_tags,
 )
 from radixrt.server.http_common import decode_request, json_response, route
 from radixrt.server.native_protocol import (
     ContinueBody,
     DestroyWeightsGroupBody,
     InitWeightsGroupBody,
+    MemoryTagsBody,
     PauseBody,
     UpdateDistributedBody,
     UpdateWeightsBody,
@@ -58,6 +65,11 @@ def add_weights_routes(app: FastAPI, tm: TokenizerManager) -> None:
     route(app, "/get_weight_version", ["GET"], get_weight_version, tm)
     route(app, "/get_weights_by_name", ["GET", "POST"], get_weights_by_name, tm)
     route(app, "/update_weight_version", ["POST"], update_weight_version, tm)
+    route(app, "/release_memory_occupation", ["GET", "POST"], release_memory_occupation, tm)
+    route(app, "/resume_memory_occupation", ["GET", "POST"], resume_memory_occupation, tm)
+    route(app, "/sleep", ["POST"], vllm_sleep, tm)
+    route(app, "/wake_up", ["POST"], vllm_wake_up, tm)
+    route(app, "/is_sleeping", ["GET"], vllm_is_sleeping, tm)
 
 
 async def update_weights_from_disk(tm: TokenizerManager, request: Request) -> Response:
@@ -172,3 +184,38 @@ async def get_weights_by_name(tm: TokenizerManager, request: Request) -> Respons
     body = decode_request(await request.body(), WeightsByNameBody)
     out = await tm.call(WeightsByNameReq(body.name, body.truncate_size))
     return json_response(out.values)
+
+
+async def _memory_call(tm: TokenizerManager, req: ReleaseMemoryReq | ResumeMemoryReq, done: str) -> Response:
+    out = await tm.call(req, timeout=None)  # a resume may read the checkpoint again
+    return json_response({"success": True, "message": done, "released": out.released})
+
+
+async def release_memory_occupation(tm: TokenizerManager, request: Request) -> Response:
+    raw = await request.body()
+    body = decode_request(raw, MemoryTagsBody) if raw.strip() else MemoryTagsBody()
+    return await _memory_call(tm, ReleaseMemoryReq(body.tags), "Memory released.")
+
+
+async def resume_memory_occupation(tm: TokenizerManager, request: Request) -> Response:
+    raw = await request.body()
+    body = decode_request(raw, MemoryTagsBody) if raw.strip() else MemoryTagsBody()
+    return await _memory_call(tm, ResumeMemoryReq(body.tags), "Memory resumed.")
+
+
+async def vllm_sleep(tm: TokenizerManager, request: Request) -> Response:
+    raw = request.query_params.get("level", "1")
+    if raw not in ("1", "2"):
+        raise RequestError(f"level={raw!r}: 1 (the KV cache) or 2 (the weights too)")
+    await tm.call(ReleaseMemoryReq(sleep_tags(int(raw))), timeout=None)
+    return Response(status_code=200)
+
+
+async def vllm_wake_up(tm: TokenizerManager, request: Request) -> Response:
+    tags = request.query_params.getlist("tags")
+    await tm.call(ResumeMemoryReq(tags or None), timeout=None)
+    return Response(status_code=200)
+
+
+async def vllm_is_sleeping(tm: TokenizerManager, request: Request) -> Response:
+    return json_response({"is_sleeping": bool(tm.client.released)})
