@@ -178,13 +178,15 @@ def test_embedding_requests_match_solo_runs(world, oracle):
 def test_pauses_and_updates_of_weights_match_solo_runs(world, oracle):
     """Pauses (retracting the running requests, keeping them in place, or waiting for them to finish, a continue
     calling off a pause still waiting) and updates of weights (to the same
-    rules: each waits for the requests in flight while later ones wait, then drops the cache or keeps it) between
-    the soak's steps, the overlap scheduler in half of the seeds: outputs equal solo runs, nothing leaks, no
-    control call fails but as its caller's error (an update that would flush pages paused in place)."""
+    rules: each waits for the requests in flight while later ones wait, then drops the cache or keeps it) and
+    memory released while a pause retracts (the pool zeroed, the cache dropped, requests held until it is resumed)
+    between the soak's steps, the overlap scheduler in half of the seeds: outputs equal solo runs, nothing leaks, no
+    control call fails but as its caller's error (an update that would flush pages paused in place, or find the
+    weights released)."""
     results = [run_seed(Knobs.from_seed(seed, pauses=True, overlap=seed % 2 == 0), world, oracle)
                for seed in range(12)]
     assert all(r.ok for r in results), "\n".join(_failure_report(r) for r in results if not r.ok)
-    assert sum(r.weight_updates for r in results) >= 12
+    assert sum(r.weight_updates for r in results) >= 12 and sum(r.memory_releases for r in results) >= 4
     assert sum(r.evicted_pages for r in results) > 0 and sum(r.launched_steps for r in results) > 0
 
 

@@ -8,8 +8,8 @@ its final output; once idle nothing is private, locked or leaked (free + evictab
 frees everything); and every finished request's output (ids, finish reason, logprobs) equals the same
 request run alone on a large pool with the radix cache off (``SoloOracle``). An aborted request's emitted
 tokens must be a prefix of its solo output (its text, for a constrained request under jump-forward). With
-``pauses`` the run is paused (in place or retracting) and its weights updated (to the same rules) between steps; no
-control call fails but as its caller's error.
+``pauses`` the run is paused (in place or retracting) and its weights updated (to the same rules) between steps, and
+its memory released and resumed while paused; no control call fails but as its caller's error.
 
 The first crash or broken invariant ends the run; ``SeedResult.failures`` lists what went wrong as
 ``(kind, message)``, ``kind`` being what the shrinker keeps constant while it simplifies the knobs.
@@ -33,6 +33,8 @@ from radixrt.protocol.messages import (
     FinishReason,
     FlushCacheReq,
     PauseReq,
+    ReleaseMemoryReq,
+    ResumeMemoryReq,
     SessionParams,
     UpdateWeightsReq,
 )
@@ -68,6 +70,7 @@ class SeedResult:
     embeddings: int = 0  # embedding requests that finished with their vector
     token_id_logprobs: int = 0  # finished requests that reported token_ids_logprob rows
     weight_updates: int = 0  # updates of weights that ran (``pauses``)
+    memory_releases: int = 0  # releases of memory that ran (``pauses``)
     seconds: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)
 
@@ -161,6 +164,7 @@ class Simulation:
         self.result.embeddings = sum(1 for o in outcomes if o.embedding is not None)
         self.result.token_id_logprobs = sum(1 for o in outcomes if o.output_token_ids_logprobs)
         self.result.weight_updates = self.runner.weight_updates
+        self.result.memory_releases = self.runner.memory_releases
         return self.result
 
     def _submit_due(self) -> None:
@@ -185,7 +189,9 @@ class Simulation:
             _, event = self.gate_events.pop(0)
             kind, _, mode = event.partition(":")
             body = {"pause": lambda: PauseReq(mode), "continue": ContinueReq,
-                    "update": lambda: UpdateWeightsReq("sim", flush_cache=mode != "keep-cache")}[kind]()
+                    "update": lambda: UpdateWeightsReq("sim", flush_cache=mode != "keep-cache"),
+                    "release": lambda: ReleaseMemoryReq(None if mode == "all" else mode.split("+")),
+                    "resume": ResumeMemoryReq}[kind]()
             self.scheduler.submit(ControlReq(id=self.step, body=body))
 
     def _session(self, spec: SimRequest) -> SessionParams | None:

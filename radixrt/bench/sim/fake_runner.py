@@ -92,11 +92,27 @@ class FakeRunner:
         self.tokens = 0
         self.model_path = "sim"
         self.weight_updates = 0
+        self.weights_diverged = False  # no update here copies tensors in place
+        self.released: set[str] = set()
+        self.memory_releases = 0
 
     def update_weights(self, model_path) -> None:
         """An update of weights to the same rules (radixrt.scheduler.weights): the outputs stay the solo runs'."""
         self.model_path = str(model_path)
         self.weight_updates += 1
+
+    def release_memory(self, tags: set[str]) -> None:
+        """The pool's memory given back as the real runner gives it (zero when next read); no weights to drop."""
+        if "kv_cache" in tags:
+            self.pool.release_memory()
+        self.released |= tags
+        self.memory_releases += 1
+
+    def resume_memory(self, tags: set[str]) -> bool:
+        if "kv_cache" in tags:
+            self.pool.restore_memory()
+        self.released -= tags
+        return False
 
     @property
     def page_size(self) -> int:

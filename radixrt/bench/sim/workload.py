@@ -154,7 +154,7 @@ class Workload:
     num_pages: int
     flush_steps: list[int] = field(default_factory=list)
     # (step, event) in step order: "pause:retract", "pause:in_place", "pause:wait", "continue", "update",
-    # "update:keep-cache";
+    # "update:keep-cache", "release:<tags>" (MEMORY_RELEASES), "resume";
     # every pause's continue comes after it, so the run ends unpaused
     gate_events: list[tuple[int, str]] = field(default_factory=list)
 
@@ -321,13 +321,18 @@ def generate(knobs: Knobs, world: World) -> Workload:
     return Workload(knobs, requests, num_pages, flushes, _gate_events(knobs))
 
 
+MEMORY_RELEASES = ("all", "kv_cache", "weights", "weights+kv_cache", "cuda_graph")  # the tags a release names
+
+
 def _gate_events(knobs: Knobs) -> list[tuple[int, str]]:
     """Two pause windows and two updates of weights within the arrivals' span, from a stream of their own; the first
-    update falls within the first pause (at its first step it comes after it: sorted by step, then name)."""
+    update falls within the first pause (at its first step it comes after it: sorted by step, then name). A window
+    that retracts mostly releases memory too, as it starts, and resumes it as it ends."""
     if not knobs.pauses:
         return []
     rng = random.Random(f"gate-{knobs.seed}")
     waits = random.Random(f"gate-wait-{knobs.seed}")  # its own stream: the other draws stay those of before
+    memory = random.Random(f"gate-memory-{knobs.seed}")  # so is this one
     horizon, events = knobs.arrival_span + 40, []
     for window in range(2):
         start, length = rng.randrange(horizon), rng.randint(1, 12)
@@ -338,4 +343,6 @@ def _gate_events(knobs: Knobs) -> list[tuple[int, str]]:
             mode = "wait"  # vLLM's: paused once the requests in flight are done, or called off by the continue
         events += [(start, "pause:" + mode), (start + length, "continue"),
                    (update, rng.choice(("update", "update:keep-cache")))]
+        if mode == "retract" and memory.random() < 0.7:  # nothing holds pages then: the memory can be released
+            events += [(start, "release:" + memory.choice(MEMORY_RELEASES)), (start + length, "resume")]
     return sorted(events)
