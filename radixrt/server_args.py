@@ -138,6 +138,7 @@ class ServerArgs:
     enable_torch_compile: bool = field(default=False, metadata={"no_effect": "a speed option; radixrt's kernels are compiled ahead"})
     disable_custom_all_reduce: bool = field(default=False, metadata={"no_effect": "radixrt reduces through torch.distributed"})
     enable_p2p_check: bool = field(default=False, metadata={"no_effect": "a CUDA peer-access check"})
+    enable_memory_saver: bool = field(default=False, metadata={"no_effect": "memory can always be given back (/release_memory_occupation); radixrt needs no allocator of its own for it"})
     show_time_cost: bool = field(default=False, metadata={"no_effect": "a profiling print"})
     watchdog_timeout: float | None = field(default=None, metadata={"no_effect": "a batch that fails is failed, not waited on"})
     stream_interval: int | None = field(default=None, metadata={"no_effect": "streams send what each scheduler step produced"})
@@ -165,6 +166,7 @@ class ServerArgs:
     tokenizer_mode: str = field(default="auto", metadata={"refused": ("the slow tokenizer", ("auto",))})
     skip_tokenizer_init: bool = field(default=False, metadata={"refused": ("serving without a tokenizer", (False,))})
     revision: str | None = field(default=None, metadata={"refused": ("a hub revision other than the default", (None, "main"))})
+    enable_weights_cpu_backup: bool = field(default=False, metadata={"refused": ("weights kept in host memory while released (resumed weights are read from their checkpoint again)", (False,))})
 
     SECRETS = ("api_key", "admin_api_key")
 

@@ -91,7 +91,7 @@ SGLANG_LAUNCH = ["--model-path", "/models/m", "--port", "31000", "--host", "0.0.
                  "--watchdog-timeout", "600", "--schedule-conservativeness", "1.3", "--stream-interval", "8",
                  "--skip-server-warmup", "--is-embedding", "--disable-cuda-graph", "--cuda-graph-max-bs", "8",
                  "--random-seed", "1", "--nccl-init-addr", "h:1", "--max-prefill-tokens", "16384",
-                 "--schedule-policy", "fcfs", "--disable-radix-cache", "--load-format", "auto"]
+                 "--schedule-policy", "fcfs", "--disable-radix-cache", "--load-format", "auto", "--enable-memory-saver"]
 
 
 def test_an_sglang_launch_command_line_parses():
@@ -140,6 +140,7 @@ def test_a_choice_outside_the_list_fails_when_parsed():
     ({"kv_cache_dtype": "fp8_e4m3"}, "KV cache dtype"),
     ({"tokenizer_mode": "slow"}, "slow"),
     ({"skip_tokenizer_init": True}, "tokenizer"), ({"revision": "v2"}, "revision"),
+    ({"enable_weights_cpu_backup": True}, "host memory"),
 ])
 def test_sglang_options_radixrt_does_not_serve_are_refused_by_name(options, what):
     with pytest.raises(ValueError, match=f"{next(iter(options))}=.*{what}"):
