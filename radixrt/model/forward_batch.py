@@ -39,6 +39,7 @@ TENSOR_FIELDS = {
 }
 # what else a ForwardBatch carries (plain host values; sent along to tensor-parallel followers)
 HOST_FIELDS = ("logits_counts", "is_decode", "max_extend_len", "max_seq_len")
+PageTable = tuple[np.ndarray, np.ndarray]  # [batch, width] int32 page ids (zero past each row's), each row's count
 
 
 @dataclass
@@ -125,22 +126,25 @@ class ForwardBatch:
                    max_seq_len=int(seq_lens.max()), lora_spans=lora_spans)
 
     @classmethod
-    def build_decode(cls, tokens: list[int], prefix_lens: list[int], pages: list[list[int]], page_size: int,
-                     device: str | torch.device = "cpu", lora_uids: list[int] | None = None,
+    def build_decode(cls, tokens: list[int], prefix_lens: list[int], pages: list[list[int]] | PageTable,
+                     page_size: int, device: str | torch.device = "cpu", lora_uids: list[int] | None = None,
                      long_rope: list[bool] | None = None, long_rope_from: int | None = None) -> "ForwardBatch":
         """``build`` of one new token per request, from parallel lists: what the overlap scheduler runs at every step
-        of a large batch, without a ``SeqChunk`` per request and with the page table filled in one assignment."""
+        of a large batch, without a ``SeqChunk`` per request. ``pages``: each request's pages, or the page table
+        already laid out with each row's page count (``PageTable``: radixrt.scheduler.page_rows gathers it)."""
         batch = len(tokens)
         if batch == 0:
             raise ValueError("a forward batch needs at least one request")
         prefix = np.fromiter(prefix_lens, np.int64, batch)
-        num_pages = np.fromiter(map(len, pages), np.int64, batch)
+        if isinstance(pages, tuple):
+            page_table, num_pages = pages
+        else:
+            num_pages = np.fromiter(map(len, pages), np.int64, batch)
+            page_table = np.zeros((batch, int(num_pages.max())), np.int32)
+            page_table[np.arange(page_table.shape[1]) < num_pages[:, None]] = np.fromiter(
+                itertools.chain.from_iterable(pages), np.int32, int(num_pages.sum()))
         if (prefix // page_size >= num_pages).any():
             raise ValueError("a request's pages do not cover its new tokens")
-        width = int(num_pages.max())
-        page_table = np.zeros((batch, width), np.int32)
-        page_table[np.arange(width) < num_pages[:, None]] = np.fromiter(
-            itertools.chain.from_iterable(pages), np.int32, int(num_pages.sum()))
         rows = np.arange(batch)
         out_slots = page_table[rows, prefix // page_size].astype(np.int64) * page_size + prefix % page_size
         positions = prefix

@@ -21,6 +21,9 @@ given back, and advanced by the output step as the forward computes tokens.
   private pages the tree did not keep, unlocks the path and empties the table.
 - ``check`` asserts the page accounting.
 
+Each change of a request's pages is written to ``rows`` too (radixrt.scheduler.page_rows), from which a decode batch
+takes its page table in one gather.
+
 Only tokens that can no longer change go into the tree (``Req.final_len``): a constrained request's unsent output
 may still be re-tokenised by jump-forward.
 """
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING, Callable
 
 from radixrt.memory.page_pool import OutOfPagesError, PagePool
 from radixrt.memory.radix_cache import RadixCache
+from radixrt.scheduler.page_rows import PageRows
 from radixrt.scheduler.request import Req
 
 if TYPE_CHECKING:
@@ -48,6 +52,7 @@ class Memory:
         # set by the scheduler. Pins yield before a request waits or a running one is retracted.
         self.unpin: Callable[[int], int] | None = None
         self.low_priority_first = low_priority_first  # --schedule-low-priority-values-first
+        self.rows = PageRows()
 
     @property
     def available_pages(self) -> int:
@@ -74,6 +79,7 @@ class Memory:
             page, tokens = reused
             req.pages.append(page)
             req.num_computed += tokens
+        self.rows.write(req)
 
     # ----- a batch's pages ----------------------------------------------------------------------------
 
@@ -124,7 +130,9 @@ class Memory:
         for req, n in plan:
             need = math.ceil((req.num_computed + n) / self.page_size) - len(req.pages)
             if need > 0:
+                held = len(req.pages)
                 req.pages.extend(self.pool.alloc(need))
+                self.rows.write(req, held)
 
     def reserve_without_retraction(self, plan: Plan) -> bool:
         """Give every planned request the pages its new tokens need, evicting cached pages and sessions' pins
@@ -144,7 +152,9 @@ class Memory:
                 self.cache.evict(short)
             granted = min(need, self.pool.num_free)
             if granted:
+                held = len(req.pages)
                 req.pages.extend(self.pool.alloc(granted))
+                self.rows.write(req, held)
         return min(num_tokens, len(req.pages) * self.page_size - req.num_computed - 1)
 
     def trim(self, req: Req) -> None:
@@ -153,6 +163,7 @@ class Memory:
         if len(req.pages) > keep:
             self.pool.decref(req.pages[keep:])
             del req.pages[keep:]
+            self.rows.write(req, keep)
 
     def cache_prefix(self, req: Req) -> None:
         """After a prefill chunk: put the request's computed whole pages in the tree for others to share."""
@@ -163,6 +174,7 @@ class Memory:
         kept = set(result.tree_pages)
         self.pool.decref([p for p in result.duplicates if p not in kept])
         req.pages[: len(result.tree_pages)] = result.tree_pages
+        self.rows.write(req)
         self.cache.lock(result.node)  # the new node before unlocking the old: the shared path stays locked
         if req.node is not None:
             self.cache.unlock(req.node)
@@ -182,6 +194,7 @@ class Memory:
             self.cache.unlock(req.node)
         req.node, req.pages, req.num_tree_pages = None, [], 0
         req.num_computed = 0
+        self.rows.drop(req)
 
     # ----- health -------------------------------------------------------------------------------------
 
@@ -192,3 +205,4 @@ class Memory:
         self.cache.check(private)
         total = self.pool.num_free + self.cache.cached_pages + len(private)
         assert total == self.pool.num_pages, f"pages leak: free+cached+private={total} of {self.pool.num_pages}"
+        self.rows.check(running)

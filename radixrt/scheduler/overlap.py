@@ -32,6 +32,7 @@ import torch
 
 from radixrt.model.forward_batch import ForwardBatch
 from radixrt.sampling.sampler import SamplingBatch, sample
+from radixrt.scheduler.page_rows import PageRows
 from radixrt.scheduler.request import Req
 
 Plan = list[tuple[Req, int]]
@@ -106,14 +107,15 @@ def continuation(launched: Launched, context_length: int, long_rope_from: int | 
     return plan
 
 
-def continuation_batch(plan: Plan, launched: Launched, page_size: int, device: torch.device,
+def continuation_batch(plan: Plan, launched: Launched, page_rows: PageRows, page_size: int, device: torch.device,
                        long_rope_from: int | None = None) -> ForwardBatch:
-    """The forward batch of ``plan``: each request's token is its in-flight one, read on the device."""
+    """The forward batch of ``plan``: each request's token is its in-flight one, read on the device; its page table
+    gathered from ``page_rows``."""
     row_of = {id(req): row for row, (req, _) in enumerate(launched.plan)}
     reqs = [req for req, _ in plan]
     # built with the launched rows in place of the tokens (one copy to the device), then gathered there
     batch = ForwardBatch.build_decode([row_of[id(req)] for req in reqs], [req.num_computed for req in reqs],
-                                      [req.pages for req in reqs], page_size, device,
+                                      page_rows.gather(reqs), page_size, device,
                                       [req.lora_uid for req in reqs], [req.long_rope for req in reqs],
                                       long_rope_from)
     batch.input_ids = launched.tokens[batch.input_ids]

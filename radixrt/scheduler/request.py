@@ -38,6 +38,7 @@ class Req:
     # Page table: pages[:num_tree_pages] belong to the radix tree (protected by locking `node`); the rest are
     # private to this request, one reference each. Only radixrt.scheduler.memory changes them.
     pages: list[int] = field(default_factory=list)
+    page_row: int = -1  # its row of radixrt.scheduler.page_rows.PageRows while it holds pages
     num_tree_pages: int = 0
     node: TreeNode | None = None
     num_computed: int = 0  # tokens of fill_ids whose K/V sit in `pages`

@@ -404,7 +404,8 @@ class Scheduler:
         if not plan or not self.memory.reserve_without_retraction(plan):
             return False
         try:
-            batch = continuation_batch(plan, launched, self.page_size, self.runner.device, self.runner.long_rope_from)
+            batch = continuation_batch(plan, launched, self.memory.rows, self.page_size, self.runner.device,
+                                       self.runner.long_rope_from)
             self.launched = launch(plan, self.runner.forward(batch), self.vocab_size)
             self.launched_steps += 1
         except Exception as exc:
