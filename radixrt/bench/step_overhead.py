@@ -1,6 +1,7 @@
 """The scheduler's host time per decode step, without a model: what a GPU step must hide.
 
-    python -m radixrt.bench.step_overhead [--batch 1 64 256] [--steps 200] [--temperature 0] [--seeded] [--profile]
+    python -m radixrt.bench.step_overhead [--batch 1 64 256] [--steps 200] [--prompt-len 200] [--temperature 0]
+                                          [--seeded] [--profile]
     python -m radixrt.bench.step_overhead --engine --vocab 1024 [--batch 64 256]
     python -m radixrt.bench.step_overhead --engine-modes [--batch 64 256]
 
@@ -76,14 +77,16 @@ class NullRunner:
 PROMPT_LEN = 200
 
 
-def _runner_and_prompts(batch: int, steps: int, vocab: int) -> tuple[NullRunner, list[list[int]]]:
+def _runner_and_prompts(batch: int, steps: int, vocab: int, prompt_len: int = PROMPT_LEN
+                        ) -> tuple[NullRunner, list[list[int]]]:
     """A stand-in runner with pages for ``batch`` requests of ``steps`` tokens, and their prompts."""
-    runner = NullRunner(num_pages=batch * (PROMPT_LEN + steps + 32) // 16 + 64, vocab=vocab)
-    return runner, [[token(i * 7919 + j * 31, vocab) for j in range(PROMPT_LEN)] for i in range(batch)]
+    runner = NullRunner(num_pages=batch * (prompt_len + steps + 32) // 16 + 64, vocab=vocab,
+                        context_length=max(8192, prompt_len + steps + 64))
+    return runner, [[token(i * 7919 + j * 31, vocab) for j in range(prompt_len)] for i in range(batch)]
 
 
 def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bool = False,
-            temperature: float = 0.0, seeded: bool = False, vocab: int = VOCAB) -> dict:
+            temperature: float = 0.0, seeded: bool = False, vocab: int = VOCAB, prompt_len: int = PROMPT_LEN) -> dict:
     from radixrt.bench.sim.world import load_world
     from radixrt.detokenize import Detokenizer
     from radixrt.protocol.messages import GenerateReq
@@ -94,8 +97,8 @@ def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bo
     world = load_world()
     detokenizer = Detokenizer(world.tokenizer)
     sink = (lambda out: detokenizer.process(out)) if detokenize else (lambda out: None)
-    runner, prompts = _runner_and_prompts(batch, steps, vocab)
-    args = ServerArgs(max_running_requests=batch, chunked_prefill_size=batch * PROMPT_LEN, log_interval=0,
+    runner, prompts = _runner_and_prompts(batch, steps, vocab, prompt_len)
+    args = ServerArgs(max_running_requests=batch, chunked_prefill_size=batch * prompt_len, log_interval=0,
                       enable_overlap_schedule=overlap)
     scheduler = Scheduler(args, runner, world.tokenizer, world.eos_ids, sink)
     for i, prompt in enumerate(prompts):
@@ -117,8 +120,8 @@ def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bo
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
         print(text.getvalue())
-    return {"batch": batch, "overlap": overlap, "detokenize": detokenize, "temperature": temperature, "seeded": seeded,
-            "ms_per_step": round(1000 * seconds / steps, 3), "us_per_request": round(1e6 * seconds / steps / batch, 2)}
+    return {"batch": batch, "prompt_len": prompt_len, "overlap": overlap, "detokenize": detokenize,
+            "temperature": temperature, "seeded": seeded, "ms_per_step": round(1000 * seconds / steps, 3), "us_per_request": round(1e6 * seconds / steps / batch, 2)}
 
 
 def measure_engine(batch: int, steps: int, vocab: int = VOCAB, runs: int = 3) -> dict:
@@ -195,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help="each request's prompt, in tokens")
     parser.add_argument("--detokenize", action="store_true", help="also turn ids into text, as the Engine does")
     parser.add_argument("--temperature", type=float, default=0.0, help="above 0: sample instead of the argmax")
     parser.add_argument("--seeded", action="store_true", help="with --temperature: a seed for each request")
@@ -218,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         for overlap in (False, True):
             profile = args.profile and batch == max(args.batch) and overlap
             print(measure(batch, args.steps, overlap, args.detokenize, profile, args.temperature, args.seeded,
-                          args.vocab), flush=True)
+                          args.vocab, args.prompt_len), flush=True)
 
 
 if __name__ == "__main__":
