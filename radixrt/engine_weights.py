@@ -18,7 +18,7 @@ from radixrt.protocol.messages import (
     ReleaseMemoryReq,
     ResumeMemoryReq,
     UpdateWeightsReq,
-    sleep_tags,
+    sleep_release,
     WeightsByNameReq,
     WeightVersionReq,
 )
@@ -145,9 +145,10 @@ class WeightCalls:
         self._call(ResumeMemoryReq(list(tags) if tags else None))
 
     def sleep(self, level: int = 1) -> None:
-        """vLLM's: level 1 gives back the KV cache (the decode graphs with it) and keeps the weights, which a CPU holds
-        in host memory already (on a GPU they stay on it: not offloaded); level 2 the weights too."""
-        self.release_memory_occupation(sleep_tags(level))
+        """vLLM's: level 1 discards the KV cache and moves the weights to host memory, to come back as they were (on a
+        CPU they are in host memory already and stay); level 2 discards both (resumed weights are their
+        checkpoint's)."""
+        self._call(sleep_release(level))
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """vLLM's: take back what ``sleep`` gave (``tags``: ``weights``, ``kv_cache``; None: all)."""

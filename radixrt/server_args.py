@@ -129,6 +129,7 @@ class ServerArgs:
     log_level_http: str | None = field(default=None, metadata={"help": "logging level of the HTTP server, with an access log line per request at info or debug (default: warning, no access log)", "choices": LOG_LEVELS})
     is_embedding: bool = field(default=False, metadata={"help": "serve the model for embeddings only: no LM head is loaded, generation requests are refused, /v1/embeddings, /encode and Engine.encode pool as the checkpoint's sentence-transformers files say (default: the last token, normalized); an embedding checkpoint (architecture LlamaModel, MistralModel, Qwen2Model or Qwen3Model) is served so without the flag"})
     json_model_override_args: str = field(default="{}", metadata={"help": "a JSON object of model config fields to override before the model is built (vLLM's --hf-overrides), e.g. '{\"is_matryoshka\": true}' to allow an embedding's dimensions"})
+    enable_weights_cpu_backup: bool = field(default=False, metadata={"help": "weights released by /release_memory_occupation move to host memory and come back as they were (on a CPU they are there already and stay); without it they are read from their checkpoint again"})
     # ----- SGLang's launch flags that cannot change radixrt's results: accepted, no effect -----
     trust_remote_code: bool = field(default=False, metadata={"no_effect": "radixrt runs its own model code, never a checkpoint's"})
     enable_metrics: bool = field(default=False, metadata={"no_effect": "/metrics always answers"})
@@ -166,7 +167,6 @@ class ServerArgs:
     tokenizer_mode: str = field(default="auto", metadata={"refused": ("the slow tokenizer", ("auto",))})
     skip_tokenizer_init: bool = field(default=False, metadata={"refused": ("serving without a tokenizer", (False,))})
     revision: str | None = field(default=None, metadata={"refused": ("a hub revision other than the default", (None, "main"))})
-    enable_weights_cpu_backup: bool = field(default=False, metadata={"refused": ("weights kept in host memory while released (resumed weights are read from their checkpoint again)", (False,))})
 
     SECRETS = ("api_key", "admin_api_key")
 

@@ -203,7 +203,7 @@ def test_updates_and_reads_of_released_weights_are_refused(engine, default_model
     with pytest.raises(ValueError, match="released"):
         engine.get_weights_by_name(name)
     engine.resume_memory_occupation(["weights"])
-    engine.sleep(level=1)  # the KV cache only: the weights can still be updated
+    engine.release_memory_occupation(["kv_cache"])  # the KV cache only: the weights can still be updated
     ok, message = engine.update_weights_from_tensor([(name, tensors[name])])
     assert ok, message
     engine.wake_up()
@@ -222,6 +222,43 @@ def test_resumed_weights_are_the_checkpoints_under_its_version(engine, before):
     assert engine.get_weight_version() == "default"
     assert torch.equal(torch.tensor(engine.get_weights_by_name(name, truncate_size=10**6)), served)
     assert _tokens(engine) == before
+
+
+@pytest.mark.model
+def test_weights_kept_in_host_memory_come_back_as_they_were(engine, default_model_path, before):
+    """vLLM's sleep level 1 (SGLang's --enable-weights-cpu-backup): the weights move to host memory, where a CPU's
+    are already, so they stay; the tensors sent before come back with them, under their version."""
+    name = "model.norm.weight"
+    served = torch.tensor(engine.get_weights_by_name(name, truncate_size=10**6))
+    ok, message = engine.update_weights_from_tensor([(name, served.flip(0))], weight_version="step-2")
+    assert ok, message
+    updated = _tokens(engine)
+    model = engine.runner.model
+    engine.sleep(level=1)
+    assert engine.is_sleeping() and engine.runner.released == {"weights", "kv_cache"}
+    assert engine.runner.model is model  # nothing to move on a CPU
+    engine.wake_up()
+    assert engine.get_weight_version() == "step-2" and _tokens(engine) == updated
+    ok, message, _ = engine.update_weights_from_disk(str(default_model_path), weight_version="default")
+    assert ok, message
+    assert _tokens(engine) == before
+
+
+def test_offloaded_parameters_free_their_storage_and_come_back_bit_for_bit(tmp_path, monkeypatch):
+    """The backup's move (radixrt/model/offload.py), which a GPU's weights take, on a CPU model of plain tensors:
+    every parameter storage emptied, tied ones once, then the same bytes back in the same tensors."""
+    from radixrt.model.offload import offload, restore
+
+    monkeypatch.setenv("RADIXRT_DISABLE_PACKED_LINEAR", "1")
+    save_tiny_model("llama", tmp_path / "m", seed=0)
+    runner = ModelRunner(tmp_path / "m", dtype="float32", page_size=4, num_pages=16)
+    before = _logits(runner)
+    params = list(runner.model.parameters())
+    storages = {p.untyped_storage().data_ptr() for p in params}
+    saved = offload(runner.model)
+    assert all(p.untyped_storage().nbytes() == 0 for p in params) and len(saved) == len(storages)
+    restore(saved)
+    assert list(runner.model.parameters()) == params and torch.equal(_logits(runner), before)
 
 
 @pytest.mark.model
@@ -266,6 +303,10 @@ def test_http_routes_release_resume_sleep_and_wake_up(http):
         assert http.post("/sleep", params={"level": "2"}).status_code == 200
         assert http.post("/wake_up", params={"tags": "weights"}).status_code == 200
         assert http.get("/is_sleeping").json() == {"is_sleeping": True}
+        assert http.post("/wake_up").status_code == 200
+        assert http.get("/is_sleeping").json() == {"is_sleeping": False}
+        assert http.post("/sleep").status_code == 200  # level 1: the weights kept in host memory
+        assert http.get("/health_generate").json() == {"status": "ok", "released": ["kv_cache", "weights"]}
         assert http.post("/wake_up").status_code == 200
         assert http.get("/is_sleeping").json() == {"is_sleeping": False}
         for path, kwargs in [("/release_memory_occupation", {"json": {"tags": ["optimizer"]}}),

@@ -140,7 +140,6 @@ def test_a_choice_outside_the_list_fails_when_parsed():
     ({"kv_cache_dtype": "fp8_e4m3"}, "KV cache dtype"),
     ({"tokenizer_mode": "slow"}, "slow"),
     ({"skip_tokenizer_init": True}, "tokenizer"), ({"revision": "v2"}, "revision"),
-    ({"enable_weights_cpu_backup": True}, "host memory"),
 ])
 def test_sglang_options_radixrt_does_not_serve_are_refused_by_name(options, what):
     with pytest.raises(ValueError, match=f"{next(iter(options))}=.*{what}"):

@@ -15,7 +15,8 @@ takes the CUDA graphs' place.
 ``release_memory`` and ``resume_memory`` give the memory of the weights, the KV pool and the decode graphs back
 between uses and take it again (SGLang's ``release_memory_occupation``, tags ``MEMORY_TAGS``): the weights are
 dropped and built again from the checkpoint (``model_path``, with ``overlay``), so tensors copied in place since it
-was read are not kept (``weights_diverged`` says whether there are any); the pool keeps its tensors
+was read are not kept (``weights_diverged`` says whether there are any), or with a backup moved to host memory and
+back (``model/offload.py``); the pool keeps its tensors
 (``PagePool.release_memory``); the graphs, which replay the addresses of both, are captured again once all three are
 back.
 
@@ -60,6 +61,7 @@ from radixrt.model.llama import (
     kv_replicas,
 )
 from radixrt.model.moe import is_moe
+from radixrt.model.offload import offload, restore
 from radixrt.model.parallel import SINGLE
 from radixrt.model.pooling import Pooling, matryoshka, read_pooling
 from radixrt.model.reload import check_same_model, check_tensor_names, checkpoint_shapes, copy_parameters
@@ -209,6 +211,7 @@ class ModelRunner:
         self.overlay: dict[str, torch.Tensor] = {}  # tensors updated since model_path's (update_tensors)
         self.weights_diverged = False  # tensors copied in place since model_path was read, not in overlay
         self.released: set[str] = set()  # of MEMORY_TAGS, by release_memory
+        self._offloaded: list | None = None  # the weights' storages in host memory (release_memory's backup)
         self.model, self.packed_linears = self._build_model(self.model_path, self.device, self.device.type == "cpu")
         self.long_rope_from = long_rope_from(self.model)  # forward batches map positions to its rotary rows
         self.adapters: Adapters | None = None
@@ -329,16 +332,20 @@ class ModelRunner:
         logger.info("weights of %s%s loaded %s in %.1f s", model_path, f" and {len(overlay)} tensors" if overlay else "",
                     "in place" if in_place else "and swapped in", time.perf_counter() - started)
 
-    def release_memory(self, tags: set[str]) -> None:
+    def release_memory(self, tags: set[str], backup_weights: bool = False) -> None:
         """Give back the memory of ``tags`` (of ``MEMORY_TAGS``; the module doc says how), every KV page free. The
-        graphs go with the weights or the pool, whose addresses they replay."""
+        graphs go with the weights or the pool, whose addresses they replay. ``backup_weights``: the weights move to
+        host memory instead (``model/offload.py``; on a CPU they are there already and stay), and come back as
+        they were."""
         self._check_one_rank("memory cannot be released")
-        if tags & {"weights", "kv_cache", "cuda_graph"}:
-            self.graphs = None
+        self.graphs = None  # whatever the tags: captured again on resume
         if "kv_cache" in tags:
             self.pool.release_memory()
-        if "weights" in tags:
-            self.model = None
+        if "weights" in tags and "weights" not in self.released:
+            if not backup_weights:
+                self.model = None
+            elif self.device.type != "cpu":
+                self._offloaded = offload(self.model)
         self.released |= tags
         gc.collect()  # modules hold reference cycles
         if self.device.type == "cuda":
@@ -356,6 +363,9 @@ class ModelRunner:
             self.model, self.packed_linears = self._build_model(self.model_path, self.device,
                                                                 self.device.type == "cpu", self.overlay)
             self.weights_diverged = False
+        elif "weights" in tags and self._offloaded is not None:
+            restore(self._offloaded)
+            self._offloaded = None
         if "kv_cache" in tags:
             self.pool.restore_memory()
         self.released -= tags

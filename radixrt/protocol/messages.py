@@ -379,9 +379,12 @@ class WeightsOut(msgspec.Struct, tag=True):
 
 class ReleaseMemoryReq(msgspec.Struct, tag=True):
     """SGLang's /release_memory_occupation: give back the memory of ``tags`` (``weights``, ``kv_cache``,
-    ``cuda_graph``; none: all) while nothing runs; requests that arrive meanwhile wait (radixrt.scheduler.occupation)."""
+    ``cuda_graph``; none: all) while nothing runs; requests that arrive meanwhile wait (radixrt.scheduler.occupation).
+    ``backup_weights``: keep the weights in host memory to restore them as they were (None: the server's
+    ``--enable-weights-cpu-backup``)."""
 
     tags: list[str] | None = None
+    backup_weights: bool | None = None
 
 
 class ResumeMemoryReq(msgspec.Struct, tag=True):
@@ -390,14 +393,12 @@ class ResumeMemoryReq(msgspec.Struct, tag=True):
     tags: list[str] | None = None
 
 
-def sleep_tags(level: int) -> list[str]:
-    """The memory tags vLLM's sleep ``level`` gives back: 1 the KV cache (the decode graphs go with it; the weights
-    stay), 2 the weights too."""
-    if level == 1:
-        return ["kv_cache"]
-    if level == 2:
-        return ["weights", "kv_cache"]
-    raise RequestError(f"sleep level {level!r}: 1 (the KV cache) or 2 (the weights too)")
+def sleep_release(level: int) -> ReleaseMemoryReq:
+    """vLLM's sleep ``level`` as a release: 1 discards the KV cache and moves the weights to host memory (a CPU's
+    stay where they are), 2 discards both."""
+    if level not in (1, 2):
+        raise RequestError(f"sleep level {level!r}: 1 (the weights kept in host memory) or 2 (discarded)")
+    return ReleaseMemoryReq(["weights", "kv_cache"], backup_weights=level == 1)
 
 
 class MemoryOut(msgspec.Struct, tag=True):

@@ -9,7 +9,9 @@ and takes it again before the next. Tags (``radixrt.model.runner.MEMORY_TAGS``; 
 - ``weights``: the model is dropped; resumed, it is built again from its checkpoint (the one last read from disk).
   Tensors sent since (``update_weights_from_tensor`` or a broadcast) are not kept: a trainer sends its weights
   again after resuming, as it does with SGLang, whose resumed weights hold no values unless backed up. The weight
-  version then goes back to the one the checkpoint had (``Gate.checkpoint_version``);
+  version then goes back to the one the checkpoint had (``Gate.checkpoint_version``). With a backup
+  (``--enable-weights-cpu-backup``, vLLM's sleep level 1) the weights move to host memory instead and come back as
+  they were, version and all (on a CPU they are in host memory already and stay);
 - ``cuda_graph``: the decode graphs (nothing on a CPU); they go with the weights or the pool too, whose addresses
   they replay, and are captured again once all three are back.
 
@@ -60,7 +62,8 @@ def release(scheduler: Scheduler, req: ReleaseMemoryReq) -> MemoryOut:
     if "kv_cache" in tags:
         scheduler.drop_cache()
     try:
-        scheduler.runner.release_memory(tags)
+        backup = req.backup_weights if req.backup_weights is not None else scheduler.args.enable_weights_cpu_backup
+        scheduler.runner.release_memory(tags, backup)
     except ValueError as exc:  # tensor parallelism
         raise RequestError(str(exc)) from exc
     finally:

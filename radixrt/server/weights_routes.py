@@ -35,7 +35,7 @@ from radixrt.protocol.messages import (
     UpdateWeightsReq,
     WeightsByNameReq,
     WeightVersionReq,
-    sleep_tags,
+    sleep_release,
 )
 from radixrt.server.http_common import decode_request, json_response, route
 from radixrt.server.native_protocol import (
@@ -207,7 +207,7 @@ async def vllm_sleep(tm: TokenizerManager, request: Request) -> Response:
     raw = request.query_params.get("level", "1")
     if raw not in ("1", "2"):
         raise RequestError(f"level={raw!r}: 1 (the KV cache) or 2 (the weights too)")
-    await tm.call(ReleaseMemoryReq(sleep_tags(int(raw))), timeout=None)
+    await tm.call(sleep_release(int(raw)), timeout=None)
     return Response(status_code=200)
 
 
