@@ -101,7 +101,7 @@ class FakeRunner:
         self.model_path = str(model_path)
         self.weight_updates += 1
 
-    def release_memory(self, tags: set[str]) -> None:
+    def release_memory(self, tags: set[str], backup_weights: bool = False) -> None:
         """The pool's memory given back as the real runner gives it (zero when next read); no weights to drop."""
         if "kv_cache" in tags:
             self.pool.release_memory()
