@@ -75,9 +75,10 @@ class ForwardBatch:
 
     @classmethod
     def build(cls, chunks: list[SeqChunk], page_size: int, device: str | torch.device = "cpu",
-              long_rope_from: int | None = None) -> "ForwardBatch":
+              long_rope_from: int | None = None, page_table: PageTable | None = None) -> "ForwardBatch":
         """``long_rope_from``: a LongRoPE model's original context (``RotaryEmbedding.long_from``), which maps
-        positions to rows of its rotary tables."""
+        positions to rows of its rotary tables. ``page_table``: the chunks' pages already laid out, a row each
+        (radixrt.scheduler.page_rows gathers it), in place of their lists."""
         if not chunks:
             raise ValueError("a forward batch needs at least one request")
         batch = len(chunks)
@@ -85,12 +86,15 @@ class ForwardBatch:
         if extend.min() < 1:
             raise ValueError("every request in a forward batch must compute at least one token")
         prefix = np.fromiter((c.prefix_len for c in chunks), np.int64, batch)
-        num_pages = np.fromiter((len(c.pages) for c in chunks), np.int64, batch)
+        if page_table is not None:
+            page_table, num_pages = page_table
+        else:
+            num_pages = np.fromiter((len(c.pages) for c in chunks), np.int64, batch)
+            page_table = np.zeros((batch, int(num_pages.max())), np.int32)
+            for row, c in zip(page_table, chunks):
+                row[: len(c.pages)] = c.pages
         if ((prefix + extend + page_size - 1) // page_size > num_pages).any():
             raise ValueError("a request's pages do not cover its new tokens")
-        page_table = np.zeros((batch, int(num_pages.max())), np.int32)
-        for row, c in zip(page_table, chunks):
-            row[: len(c.pages)] = c.pages
         total = int(extend.sum())
         is_decode = total == batch
         starts = np.cumsum(extend) - extend

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+from radixrt.scheduler.page_rows import PageRows
 from radixrt.scheduler.request import Req
 
 Plan = list[tuple[Req, int]]
@@ -55,13 +56,14 @@ def logits_from(req: Req, n: int) -> int:
     return n - 1
 
 
-def build_forward_batch(plan: Plan, page_size: int, device: torch.device | str,
+def build_forward_batch(plan: Plan, page_rows: PageRows, page_size: int, device: torch.device | str,
                         long_rope_from: int | None = None) -> ForwardBatch:
-    """The forward's metadata; every planned request's pages must already cover its new tokens. ``long_rope_from``:
-    a LongRoPE model's original context (``ModelRunner.long_rope_from``)."""
+    """The forward's metadata; every planned request's pages must already cover its new tokens (its page table
+    gathered from ``page_rows``). ``long_rope_from``: a LongRoPE model's original context
+    (``ModelRunner.long_rope_from``)."""
     chunks = [SeqChunk(_tokens(req, n), req.num_computed, req.pages, logits_from(req, n), req.lora_uid,
                        req.long_rope) for req, n in plan]
-    batch = ForwardBatch.build(chunks, page_size, device, long_rope_from)
+    batch = ForwardBatch.build(chunks, page_size, device, long_rope_from, page_rows.gather([req for req, _ in plan]))
     batch.return_hidden = any(req.pools_every_token or (req.embed and req.num_computed + n == req.total_len)
                               for req, n in plan)
     return batch

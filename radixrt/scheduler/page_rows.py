@@ -1,4 +1,4 @@
-"""Every request's page table (``req.pages``) also as a row of one host array, so a decode batch's page table is
+"""Every request's page table (``req.pages``) also as a row of one host array, so a forward batch's page table is
 one gather instead of a walk over every page of every request.
 
 radixrt.scheduler.memory, the only code that changes ``req.pages``, writes the change here too: a request gets a

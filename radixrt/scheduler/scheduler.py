@@ -350,7 +350,8 @@ class Scheduler:
             plan = self.speculator.draft(plan)
         forward_started = time.perf_counter()
         try:
-            batch = build_forward_batch(plan, self.page_size, self.runner.device, self.runner.long_rope_from)
+            batch = build_forward_batch(plan, self.memory.rows, self.page_size, self.runner.device,
+                                        self.runner.long_rope_from)
             logits = self.runner.forward(batch)
         except Exception as exc:
             self._fail_batch(plan, exc)
