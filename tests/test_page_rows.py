@@ -77,3 +77,23 @@ def test_a_gathered_decode_batch_equals_one_built_from_the_lists():
     gathered = ForwardBatch.build_decode(tokens, prefix, rows.gather(reqs), 4)
     for name in ("input_ids", "positions", "out_slots", "page_table", "seq_lens"):
         assert np.array_equal(getattr(lists, name).numpy(), getattr(gathered, name).numpy()), name
+
+
+def test_a_gathered_mixed_batch_equals_one_built_from_the_lists():
+    """The synchronous loop's batches (prefill chunks beside decodes) take the gathered table too."""
+    from radixrt.model.forward_batch import SeqChunk
+
+    rng = random.Random(2)
+    rows = PageRows()
+    reqs = [_req(str(i)) for i in range(4)]
+    chunks = []
+    for i, req in enumerate(reqs):
+        req.pages = [rng.randrange(100) for _ in range(rng.randint(2, 6))]
+        rows.write(req)
+        n = 1 if i % 2 else rng.randint(2, 4)  # decodes and prefill chunks
+        prefix = len(req.pages) * 4 - n - rng.randrange(3)
+        chunks.append(SeqChunk([rng.randrange(50) for _ in range(n)], prefix, req.pages))
+    lists = ForwardBatch.build(chunks, 4)
+    gathered = ForwardBatch.build(chunks, 4, page_table=rows.gather(reqs))
+    for name in ("input_ids", "positions", "out_slots", "page_table", "seq_lens", "logits_indices"):
+        assert np.array_equal(getattr(lists, name).numpy(), getattr(gathered, name).numpy()), name
