@@ -62,6 +62,8 @@ def test_a_row_out_of_step_fails_the_check():
     del req.pages[1:]  # trimmed without writing the row
     with pytest.raises(AssertionError, match="not its pages|past its own"):
         rows.check([req])
+    with pytest.raises(RuntimeError, match="without pages"):
+        rows.gather([req, _req("no pages")])
 
 
 def test_a_gathered_decode_batch_equals_one_built_from_the_lists():

@@ -49,6 +49,8 @@ class PageRows:
     def gather(self, reqs: list[Req]) -> tuple[np.ndarray, np.ndarray]:
         """The page table of ``reqs`` (a row each, as wide as the longest) and each one's page count."""
         rows = np.fromiter((r.page_row for r in reqs), np.int64, len(reqs))
+        if (rows < 0).any():  # -1 would index the last row
+            raise RuntimeError("a request without pages in a forward batch")
         counts = self.lengths[rows]
         return self.table[rows, : int(counts.max())], counts
 
