@@ -89,6 +89,7 @@ def test_cpu_dry_run_passes(default_model_path, tmp_path):
     assert moe["float32"]["tokens_compared"] > 0 and moe["float32"]["logprob_max_abs_diff"] <= 1e-3
     graphs = report["parts"]["graphs"]["figures"]
     assert graphs["batches_checked"] == [1, 2] and graphs["float32"]["tokens_compared"] > 0
+    assert set(graphs["memory_release"]) == {"backup", "checkpoint"}  # released, resumed, replayed the same
     assert graphs["float32"]["launched_steps"] > 0  # the overlap scheduler ran
     speed = report["parts"]["speed"]["figures"]
     assert set(speed["radixrt"]) >= {"batch1", "random", "shared_prefix"} and set(speed["transformers"]) == {"batch1", "random"}

@@ -3,8 +3,10 @@
 - ``graphs``: for every captured batch size (full, and with the most padding rows it ever gets), the logits of a
   graph replay equal, bit for bit in fp32, the eager forward at the same padded shape, and padding rows write nothing
   into the KV pool; then greedy tokens with graphs and overlap scheduling on equal those with both off (fp32;
-  bf16 up to a near-tie, judged by the eager run's top logprobs). Capture time and memory are reported. On a
-  CPU the graphs are replayed by calling the captured closure again (``ReplayByCall``).
+  bf16 up to a near-tie, judged by the eager run's top logprobs). Capture time and memory are reported. Then the
+  runner's memory is released and resumed, with the weights backed up and without: the device memory freed, and a
+  replay on the graphs captured again equal to one before. On a CPU the graphs are replayed by calling the captured
+  closure again (``ReplayByCall``).
 - ``speed``: the Engine with its defaults against transformers' eager ``generate`` on the same weights and
   device: batch-1 ms/token, a batch of random prompts, and groups sharing a long prefix. Timings need CUDA; on
   a CPU the steps run at tiny sizes and report no figures.
@@ -73,10 +75,54 @@ def check_graphs(ctx: Context, part: Part) -> None:
             for p in pages:
                 free.extend(p)
     part.figures.update(batches_checked=checked, replays=graphs.replays)
-    del runner, graphs
+    del graphs
+    part.figures["memory_release"] = _release_and_resume(runner, part, device, page)
+    del runner
     _free_cuda_cache()
     for dtype_name in ("float32", "bfloat16"):
         part.figures[dtype_name] = _tokens_with_and_without(ctx, part, dtype_name)
+
+
+def _release_and_resume(runner, part: Part, device, page: int) -> dict:
+    """The runner's memory released and resumed (what SGLang's /release_memory_occupation does to it), with the
+    weights backed up in host memory and without (read from the checkpoint again): the device memory a release
+    frees, and a decode replay after the resume, on graphs captured again, equal bit for bit to one before."""
+    import torch
+
+    from radixrt.model.forward_batch import ForwardBatch, SeqChunk
+
+    cuda = device.type == "cuda"
+    bs = runner.graphs.buckets[-1]
+    prompts = [[7 + row, 11, 13, 17, 19] for row in range(bs)]
+    pages = [[1 + row] for row in range(bs)]
+
+    def decode_logits() -> torch.Tensor:
+        runner.forward(ForwardBatch.build([SeqChunk(p, 0, pg) for p, pg in zip(prompts, pages)], page, device))
+        batch = ForwardBatch.build([SeqChunk([5], len(p), pg) for p, pg in zip(prompts, pages)], page, device)
+        return runner.forward(batch).clone()
+
+    before, figures = decode_logits(), {}
+    for backup in (True, False):
+        old_graphs = runner.graphs
+        allocated = torch.cuda.memory_allocated(device) if cuda else 0
+        started = time.perf_counter()
+        runner.release_memory({"weights", "kv_cache", "cuda_graph"}, backup_weights=backup)
+        released = time.perf_counter() - started
+        freed = allocated - torch.cuda.memory_allocated(device) if cuda else None
+        started = time.perf_counter()
+        runner.resume_memory({"weights", "kv_cache", "cuda_graph"})
+        resumed = time.perf_counter() - started
+        name = "backup" if backup else "checkpoint"
+        part.expect(runner.graphs is not None and runner.graphs is not old_graphs,
+                    f"memory release ({name}): the decode graphs were not captured again")
+        after = decode_logits()
+        part.expect(torch.equal(after, before), f"memory release ({name}): replayed logits after the resume differ "
+                                                f"by {(after - before).abs().max().item():.3g}")
+        figures[name] = {"freed_mb": None if freed is None else round(freed / 2**20, 1),
+                         "release_s": round(released, 3), "resume_s": round(resumed, 3)}
+        if cuda:
+            part.expect(freed > 0, f"memory release ({name}): no device memory was freed")
+    return figures
 
 
 def _tokens_with_and_without(ctx: Context, part: Part, dtype_name: str) -> dict:
