@@ -21,8 +21,8 @@ given back, and advanced by the output step as the forward computes tokens.
   private pages the tree did not keep, unlocks the path and empties the table.
 - ``check`` asserts the page accounting.
 
-Each change of a request's pages is written to ``rows`` too (radixrt.scheduler.page_rows), from which a decode batch
-takes its page table in one gather.
+Each change of a request's pages is written to ``rows`` too (radixrt.scheduler.page_rows), from which every forward
+batch takes its page table in one gather.
 
 Only tokens that can no longer change go into the tree (``Req.final_len``): a constrained request's unsent output
 may still be re-tokenised by jump-forward.
