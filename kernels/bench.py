@@ -109,7 +109,7 @@ def bench_decode(args, device, gen, rep: Report, peak) -> None:
     print(f"{'batch':>6} {'ctx':>6} {'splits':>6} {'check':>12} {'triton ms':>10} {'GB/s':>8} {'% peak':>7} "
           f"{'sdpa ms':>9} {'speedup':>7}")
     elem = torch.empty((), dtype=args.dtype).element_size()
-    from radixrt.kernels.triton_decode import choose_num_splits
+    from radixrt.kernels.triton_decode import choose_num_splits, multiprocessors
 
     for ctx in args.contexts:
         for batch in args.batches:
@@ -133,7 +133,8 @@ def bench_decode(args, device, gen, rep: Report, peak) -> None:
             qd = q.unsqueeze(2)
             sdpa_ms = timed(lambda: F.scaled_dot_product_attention(qd, k, v, scale=args.head_dim**-0.5, enable_gqa=True),
                             device)
-            splits = choose_num_splits(batch, args.kv_heads, page_table.shape[1] * args.page_size, device)
+            splits = choose_num_splits(batch, args.kv_heads, page_table.shape[1] * args.page_size,
+                                       multiprocessors(device))
             print(f"{batch:>6} {ctx:>6} {splits:>6} {check:>12} {ms:>10.3f} {gbs:>8.0f} {pct:>7} {sdpa_ms:>9.3f} "
                   f"{sdpa_ms / ms:>6.2f}x", flush=True)
             del k_cache, v_cache, k, v

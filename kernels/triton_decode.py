@@ -158,19 +158,21 @@ def _decode_stage2(
 
 
 @functools.lru_cache(maxsize=None)
-def _multiprocessors(device: torch.device) -> int:
+def multiprocessors(device: torch.device) -> int:
+    """The device's multiprocessors; in triton's interpreter a stand-in of 2, which still splits a tiny batch's KV
+    (the split path runs) while keeping the grid, which the interpreter runs one program at a time, small."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
-    return 16  # the interpreter: any figure works, this one exercises the split path at tiny shapes
+    return 2
 
 
-def choose_num_splits(batch: int, kv_heads: int, max_len: int, device: torch.device) -> int:
+def choose_num_splits(batch: int, kv_heads: int, max_len: int, multiprocessors: int) -> int:
     """Split the KV until the grid holds about ``PROGRAMS_PER_SM`` programs a multiprocessor (enough loads in flight
     to near the memory's bandwidth), keeping >= ``MIN_KEYS_PER_SPLIT`` keys a split.
 
     A power of two (at most 32) so that only a handful of kernel variants is ever compiled.
     """
-    want = PROGRAMS_PER_SM * _multiprocessors(device) // max(1, batch * kv_heads)
+    want = PROGRAMS_PER_SM * multiprocessors // max(1, batch * kv_heads)
     by_len = -(-max_len // MIN_KEYS_PER_SPLIT)
     n = max(1, min(want, by_len, MAX_SPLITS))
     return 1 << (n.bit_length() - 1)
@@ -202,7 +204,7 @@ def decode_attention(
         return out
     if num_splits is None:
         # The page table's width bounds the longest request without a device-to-host sync.
-        num_splits = choose_num_splits(batch, kv_heads, page_table.shape[1] * page_size, device)
+        num_splits = choose_num_splits(batch, kv_heads, page_table.shape[1] * page_size, multiprocessors(device))
     if num_splits > 1:
         mid_o = torch.empty(batch, heads, num_splits, head_dim, dtype=torch.float32, device=device)
         mid_lse = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=device)

@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 from paged_case import dense_reference, make_case  # noqa: E402
 from radixrt.kernels import torch_ref, triton_ops  # noqa: E402
-from radixrt.kernels.triton_decode import choose_num_splits  # noqa: E402
+from radixrt.kernels.triton_decode import choose_num_splits, multiprocessors  # noqa: E402
 from radixrt.kernels.triton_decode import decode_attention as triton_decode  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -122,15 +122,19 @@ def test_decode_half_precision(dtype, head_dim):
 
 
 def test_num_splits_heuristic():
-    cpu = torch.device("cpu")  # the interpreter counts 16 multiprocessors: 128 programs wanted
-    assert choose_num_splits(1, 8, 32768, cpu) == 16
-    assert choose_num_splits(4, 8, 32768, cpu) == 4
-    assert choose_num_splits(8, 8, 32768, cpu) == 2
-    assert choose_num_splits(1, 1, 32768, cpu) == 32
-    assert choose_num_splits(1, 1, 300, cpu) == 2  # at least 128 keys a split
-    assert choose_num_splits(16, 8, 32768, cpu) == 1  # a big batch fills the device alone
-    assert choose_num_splits(256, 8, 32768, cpu) == 1
-    assert choose_num_splits(1, 1, 100, cpu) == 1
+    sms = 16  # 128 programs wanted
+    assert choose_num_splits(1, 8, 32768, sms) == 16
+    assert choose_num_splits(4, 8, 32768, sms) == 4
+    assert choose_num_splits(8, 8, 32768, sms) == 2
+    assert choose_num_splits(1, 1, 32768, sms) == 32
+    assert choose_num_splits(1, 1, 300, sms) == 2  # at least 128 keys a split
+    assert choose_num_splits(16, 8, 32768, sms) == 1  # a big batch fills the device alone
+    assert choose_num_splits(256, 8, 32768, sms) == 1
+    assert choose_num_splits(1, 1, 100, sms) == 1
+    assert choose_num_splits(1, 8, 32768, 132) == 32  # an H100
+    assert choose_num_splits(64, 8, 32768, 132) == 2
+    # the interpreter's stand-in still splits a tiny batch (the split path runs in the tests)
+    assert choose_num_splits(2, 3, 4096, multiprocessors(torch.device("cpu"))) == 2
 
 
 # ---------------------------------------------------------------- extend

@@ -358,7 +358,7 @@ def check_bandwidth(ctx: Context, part: Part) -> None:
 
     from radixrt.kernels import torch_ref, triton_ops
     from radixrt.kernels.bench import paged_cache, peak_bandwidth, timed
-    from radixrt.kernels.triton_decode import choose_num_splits
+    from radixrt.kernels.triton_decode import choose_num_splits, multiprocessors
 
     device = torch.device(ctx.device)
     heads, kv_heads, dim = ctx.sizes.bandwidth_shape
@@ -378,7 +378,7 @@ def check_bandwidth(ctx: Context, part: Part) -> None:
         part.expect(diff <= TOL["bfloat16"] * max(1.0, scale),
                     f"decode {batch}x{context}: {diff:.2e} > {TOL['bfloat16']:g} x max(1, {scale:.2f})")
         case = {"batch": batch, "context": context, "max_abs_diff": diff,
-                "splits": choose_num_splits(batch, kv_heads, table.shape[1] * page, device)}
+                "splits": choose_num_splits(batch, kv_heads, table.shape[1] * page, multiprocessors(device))}
         if device.type == "cuda":
             from triton.testing import do_bench_cudagraph
 
