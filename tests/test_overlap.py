@@ -54,6 +54,26 @@ def test_simple_batch_launches_ahead_and_equals_the_synchronous_loop(engines):
     assert overlap.scheduler.launched_steps - before >= 10
 
 
+def test_a_step_continuing_every_row_reuses_the_sampling_parameters(engines, monkeypatch):
+    """A continued step that keeps every row of the launched one samples with that step's parameter tensors (no
+    rebuild, no copy to the device); one that drops a finished row builds them anew, and the tokens stay right."""
+    from radixrt.sampling.sampler import SamplingBatch
+
+    sync, overlap = engines
+    builds = []
+    real = SamplingBatch.build.__func__
+    monkeypatch.setattr(SamplingBatch, "build", classmethod(lambda cls, *a, **kw: builds.append(1) or real(cls, *a, **kw)))
+    params = [{"max_new_tokens": 16, "temperature": 0.8, "seed": 5, "ignore_eos": True},
+              {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+              {"max_new_tokens": 10, "temperature": 1.0, "top_k": 20, "seed": 9, "ignore_eos": True}]
+    before = overlap.scheduler.launched_steps
+    ours = _outputs(overlap, PROMPTS[:3], params)
+    launched = overlap.scheduler.launched_steps - before
+    assert launched >= 12 and len(builds) <= 4, (launched, len(builds))
+    monkeypatch.undo()
+    assert ours == _outputs(sync, PROMPTS[:3], params)
+
+
 def test_logprob_requests_equal_the_synchronous_loop(engines):
     sync, overlap = engines
     kw = dict(return_logprob=True, top_logprobs_num=2)

@@ -83,21 +83,30 @@ class Memory:
 
     # ----- a batch's pages ----------------------------------------------------------------------------
 
-    def _pages_short(self, plan: Plan) -> int:
-        need = sum(max(math.ceil((r.num_computed + n) / self.page_size) - len(r.pages), 0) for r, n in plan)
-        return need - self.pool.num_free
+    def _page_needs(self, plan: Plan) -> list[tuple[Req, int]]:
+        """The planned requests that need new pages for their tokens, and how many each."""
+        page = self.page_size
+        needs = []
+        for r, n in plan:
+            need = (r.num_computed + n + page - 1) // page - len(r.pages)
+            if need > 0:
+                needs.append((r, need))
+        return needs
 
-    def _make_room(self, plan: Plan) -> int:
-        """Evict cached pages, then release sessions' pins and evict again, until ``plan`` fits; the pages still
+    def _pages_short(self, needs: list[tuple[Req, int]]) -> int:
+        return sum(need for _, need in needs) - self.pool.num_free
+
+    def _make_room(self, needs: list[tuple[Req, int]]) -> int:
+        """Evict cached pages, then release sessions' pins and evict again, until ``needs`` fit; the pages still
         short. A pin can free fewer pages than it held (a running turn of its session holds the same path), so
-        pins are released until the plan fits or none is left."""
-        short = self._pages_short(plan)
+        pins are released until the needs fit or none is left."""
+        short = self._pages_short(needs)
         if short > 0:
             self.cache.evict(short)
-            short = self._pages_short(plan)
+            short = self._pages_short(needs)
         while short > 0 and self.unpin is not None and self.unpin(short):
             self.cache.evict(short)
-            short = self._pages_short(plan)
+            short = self._pages_short(needs)
         return short
 
     def reserve(self, plan: Plan, running: list[Req], admitted_now: set[int]) -> tuple[Plan, list[Req]]:
@@ -107,7 +116,8 @@ class Memory:
         ``running``): the caller puts them back in the waiting queue. ``admitted_now`` holds the ids of the
         requests admitted this step.
         """
-        short = self._make_room(plan)
+        needs = self._page_needs(plan)
+        short = self._make_room(needs)
         candidates = list(running)
         retracted: list[Req] = []
         while short > 0:
@@ -121,25 +131,25 @@ class Memory:
             self.release(victim)
             retracted.append(victim)
             plan = [(r, n) for r, n in plan if r is not victim]
-            self.cache.evict(max(self._pages_short(plan), 0))
-            short = self._pages_short(plan)
-        self._allocate(plan)
+            needs = [(r, need) for r, need in needs if r is not victim]
+            self.cache.evict(max(self._pages_short(needs), 0))
+            short = self._pages_short(needs)
+        self._allocate(needs)
         return plan, retracted
 
-    def _allocate(self, plan: Plan) -> None:
-        for req, n in plan:
-            need = math.ceil((req.num_computed + n) / self.page_size) - len(req.pages)
-            if need > 0:
-                held = len(req.pages)
-                req.pages.extend(self.pool.alloc(need))
-                self.rows.write(req, held)
+    def _allocate(self, needs: list[tuple[Req, int]]) -> None:
+        for req, need in needs:
+            held = len(req.pages)
+            req.pages.extend(self.pool.alloc(need))
+            self.rows.write(req, held)
 
     def reserve_without_retraction(self, plan: Plan) -> bool:
         """Give every planned request the pages its new tokens need, evicting cached pages and sessions' pins
         if need be; False (and nothing allocated) when that is not enough."""
-        if self._make_room(plan) > 0:
+        needs = self._page_needs(plan)
+        if self._make_room(needs) > 0:
             return False
-        self._allocate(plan)
+        self._allocate(needs)
         return True
 
     def grant_draft(self, req: Req, num_tokens: int) -> int:

@@ -209,7 +209,8 @@ class OutputProcessor:
         if req.grammar is not None and req.grammar.is_finished():
             req.finish_reason = FinishReason.stop()
             return
-        if len(req.output_ids) >= params.max_new_tokens or req.total_len >= self.context_length:
+        outputs = len(req.output_ids)
+        if outputs >= params.max_new_tokens or len(req.prompt_ids) + outputs >= self.context_length:
             req.finish_reason = FinishReason.length()
 
     def _jump_forward(self, req: Req) -> None:

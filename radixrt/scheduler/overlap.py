@@ -54,6 +54,7 @@ class Launched:
     """A decode step in flight: its plan, its tokens on the device, and their copy on the way to the host."""
 
     plan: Plan
+    sampling: SamplingBatch  # its rows' sampling parameters, which a continuation of every row reuses
     tokens: torch.Tensor  # [B] on the device
     host: torch.Tensor  # [B] pinned (on a CPU: the tokens themselves)
     ready: torch.cuda.Event | None
@@ -72,37 +73,46 @@ class Launched:
         return all(id(r) in planned for r in running)
 
 
-def launch(plan: Plan, logits: torch.Tensor, vocab_size: int) -> Launched:
+def launch(plan: Plan, logits: torch.Tensor, vocab_size: int, sampling: SamplingBatch | None = None) -> Launched:
     """Sample the step's tokens on the device and start copying them to the host; the requests' ``num_computed``
-    advance past the step's tokens now."""
-    reqs = [req for req, _ in plan]
-    batch = SamplingBatch.build([r.params for r in reqs], vocab_size, [r.generator for r in reqs],
-                                device=logits.device)
-    tokens = sample(logits, batch)
+    advance past the step's tokens now. ``sampling``: the plan's rows' parameters, built here when not given."""
+    if sampling is None:
+        reqs = [req for req, _ in plan]
+        sampling = SamplingBatch.build([r.params for r in reqs], vocab_size, [r.generator for r in reqs],
+                                       device=logits.device)
+    tokens = sample(logits, sampling)
     for req, n in plan:
         req.num_computed += n
     if tokens.device.type != "cuda":
-        return Launched(plan, tokens, tokens, None)
+        return Launched(plan, sampling, tokens, tokens, None)
     host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
     host.copy_(tokens, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
-    return Launched(plan, tokens, host, ready)
+    return Launched(plan, sampling, tokens, host, ready)
+
+
+def continued_sampling(plan: Plan, launched: Launched) -> SamplingBatch | None:
+    """The launched step's sampling batch where ``plan`` (its continuation, a subsequence of its rows) keeps every
+    row, in the same order; None (to be built) where rows were dropped."""
+    return launched.sampling if len(plan) == len(launched.plan) else None
 
 
 def continuation(launched: Launched, context_length: int, long_rope_from: int | None = None) -> Plan | None:
     """The next decode step of the launched requests, each decoding its in-flight token, less those that end by
-    length with it (they would only waste a row); None when a request needs its token on the host first, or
-    outgrows a LongRoPE model's original context with it (``long_rope_from``: the synchronous step computes it
-    again, rotated long)."""
+    length with it (they would only waste a row); None when a request outgrows a LongRoPE model's original context
+    with it (``long_rope_from``: the synchronous step computes it again, rotated long).
+
+    Every launched request was ``overlappable`` when its step was launched, and stays so: its parameters and
+    grammar do not change, and its outputs with the one in flight only grow (``min_new_tokens``)."""
     plan = []
     for req, _ in launched.plan:
-        if req.finished:
+        if req.finish_reason is not None:
             continue
-        if not overlappable(req, in_flight=1) or req.outgrows_short_rope(long_rope_from, in_flight=1):
+        if long_rope_from is not None and req.outgrows_short_rope(long_rope_from, in_flight=1):
             return None
         outputs = len(req.output_ids) + 1  # the in-flight token included
-        if outputs < req.params.max_new_tokens and req.total_len + 1 < context_length:
+        if outputs < req.params.max_new_tokens and len(req.prompt_ids) + outputs < context_length:
             plan.append((req, 1))
     return plan
 

@@ -53,7 +53,8 @@ from radixrt.scheduler.batch import Plan, build_forward_batch, plan_batch
 from radixrt.scheduler.control import answer
 from radixrt.scheduler.memory import Memory
 from radixrt.scheduler.output import OutputProcessor
-from radixrt.scheduler.overlap import Launched, continuation, continuation_batch, launch, overlappable
+from radixrt.scheduler.overlap import (Launched, continuation, continuation_batch, continued_sampling, launch,
+                                      overlappable)
 from radixrt.scheduler.policy import POLICIES
 from radixrt.scheduler.profiler import StepProfiler
 from radixrt.scheduler.reporting import collect_stats, log_progress
@@ -407,7 +408,8 @@ class Scheduler:
         try:
             batch = continuation_batch(plan, launched, self.memory.rows, self.page_size, self.runner.device,
                                        self.runner.long_rope_from)
-            self.launched = launch(plan, self.runner.forward(batch), self.vocab_size)
+            self.launched = launch(plan, self.runner.forward(batch), self.vocab_size,
+                                   continued_sampling(plan, launched))
             self.launched_steps += 1
         except Exception as exc:
             self.launched = None
@@ -415,32 +417,33 @@ class Scheduler:
             self._fail_batch([(req, n) for req, n in plan if not req.finished], exc)
             return True
         self.forward_failures = 0
-        outputs_before = sum(len(req.output_ids) for req, _ in launched.plan)
-        self._settle(launched)
-        self._count_decode(sum(len(req.output_ids) for req, _ in launched.plan) - outputs_before,
-                           time.perf_counter() - started, len(launched.plan))
+        taken = self._settle(launched)
+        self._count_decode(taken, time.perf_counter() - started, len(launched.plan))
         self._end_step(plan, started)
         return True
 
-    def _settle(self, launched: Launched | None = None) -> None:
-        """Read a launched step's tokens back and account for them (the one in flight by default)."""
+    def _settle(self, launched: Launched | None = None) -> int:
+        """Read a launched step's tokens back and account for them (the one in flight by default); the number of
+        output tokens taken (a launched request has no grammar, so it takes exactly its one token)."""
         if launched is None:
             launched, self.launched = self.launched, None
         try:
             tokens = launched.token_ids()
         except Exception as exc:  # the device failed the step: its requests fail, as for a failed forward
             self._fail_batch([(req, n) for req, n in launched.plan if not req.finished], exc)
-            return
+            return 0
         progressed = []
+        take_token = self.output.take_token
         for (req, _), token in zip(launched.plan, tokens):
-            if req.finished:  # it finished when the step before was settled: this token is dropped
+            if req.finish_reason is not None:  # it finished when the step before was settled: this token is dropped
                 continue
             try:
-                self.output.take_token(req, token)
+                take_token(req, token)
             except Exception as exc:
                 self.output.finish_with_error(req, exc, "checking its output")
             progressed.append(req)
         self._finish_step(progressed)
+        return len(progressed)
 
     def _count_decode(self, tokens: int, seconds: float, requests: int) -> None:
         """A step of ``requests`` requests without prefill chunks took ``seconds`` and gave ``tokens`` output
