@@ -27,7 +27,8 @@ def generate_ids(
     """Generate for all ``prompts`` at once; returns each prompt's new token ids."""
     pool, page_size = runner.pool, runner.page_size
     vocab = runner.config.vocab_size
-    generator = torch.Generator(device=runner.device).manual_seed(params.seed) if params.seed is not None else None
+    # each prompt draws from a seed of its own (one after the other from the given one, or from torch's generator)
+    base = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()))
     pages: list[list[int]] = [[] for _ in prompts]
     outputs: list[list[int]] = [[] for _ in prompts]
     lengths = [0] * len(prompts)  # tokens already in the cache
@@ -46,7 +47,8 @@ def generate_ids(
                 [SeqChunk(pending[r], lengths[r], pages[r], long_rope=long[r]) for r in active], page_size,
                 runner.device, long_from)
             logits = runner.forward(batch)
-            sampling = SamplingBatch.build([params] * len(active), vocab, [generator] * len(active), device=runner.device)
+            sampling = SamplingBatch.build([params] * len(active), vocab, [base + r for r in active],
+                                           [len(outputs[r]) for r in active], device=runner.device)
             next_ids = sample(logits, sampling).tolist()
             still_active = []
             for r, token in zip(active, next_ids):

@@ -11,8 +11,7 @@ Every op is checked the way CUDA checks it, and :class:`DeviceMismatch` is raise
   copies (``copy_``, ``to``) may cross, and indexing (``x[i]``, ``x[i] = v``) may take CPU indices;
 - a CPU ``torch.Generator`` drawing into a device tensor.
 
-No generator can live on ``meta``: inside the block, ``torch.Generator(device="meta")`` makes a CPU one (the
-sampler then draws that row's noise on the CPU and copies it over, its path for generators elsewhere).
+No generator can live on ``meta``: inside the block, ``torch.Generator(device="meta")`` makes a CPU one.
 
 The mode is per thread: build and run what is checked on the thread that entered it.
 """

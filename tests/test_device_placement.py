@@ -63,9 +63,8 @@ def _mixed_params() -> list[SamplingParams]:
 
 def _sample_on(device, logits: torch.Tensor, build_on=None) -> torch.Tensor:
     params = _mixed_params()
-    generators = [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params]
-    batch = SamplingBatch.build(params, VOCAB, generators, device=device if build_on is None else build_on)
-    torch.manual_seed(0)  # the unseeded rows' noise
+    seeds = [p.seed if p.seed is not None else 20 + i for i, p in enumerate(params)]
+    batch = SamplingBatch.build(params, VOCAB, seeds, [3, 1, 4, 1, 5], device=device if build_on is None else build_on)
     tokens = sample(logits.to(device), batch)
     assert tokens.device == torch.device(device)
     return tokens.cpu()
@@ -79,9 +78,10 @@ def test_sampler_runs_on_the_logits_device(built_on):
         got = _sample_on(device, logits, build_on=device if built_on == "device" else "cpu")
         batch = SamplingBatch.build(_mixed_params(), VOCAB, device=device)
         assert all(t.device == device for t in (batch.temperatures, batch.top_ks, batch.top_ps, batch.min_ps,
-                                                  batch.greedy))
+                                                  batch.greedy, batch.seed_words, batch.counters))
         assert batch.to(device) is batch
-    # CPU generators next to device logits draw on the CPU: the very tokens of the CPU run
+        assert batch.advanced().counters.device == device
+    # the draws are computed on the device from each row's seed and counter: the very tokens of the CPU run
     assert torch.equal(got, want)
 
 

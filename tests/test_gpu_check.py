@@ -82,6 +82,7 @@ def test_cpu_dry_run_passes(default_model_path, tmp_path):
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["ok"] and set(report["parts"]) == {"kernels", "engine", "moe", "server", "bandwidth", "graphs", "speed"}
     assert all(part["ok"] and part["error"] is None for part in report["parts"].values())
+    assert report["parts"]["kernels"]["figures"]["draws_checked"] > 0  # the sampler's draws against their reference
     engine = report["parts"]["engine"]["figures"]
     assert engine["float32"]["tokens_compared"] > 0 and engine["float32"]["logprob_max_abs_diff"] <= 1e-3
     assert engine["bfloat16"]["tokens_compared"] > 0

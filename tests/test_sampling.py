@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from radixrt.sampling import draws
 from radixrt.sampling.logits_processor import apply_penalties, ban_tokens, token_logprobs
 from radixrt.sampling.params import SamplingParams
 from radixrt.sampling.sampler import SamplingBatch, _filter, sample
@@ -34,6 +35,7 @@ def test_filters_restrict_the_support():
     for _ in range(300):
         for row, token in enumerate(sample(logits, batch).tolist()):
             seen[row].add(token)
+        batch = batch.advanced()
     assert seen == [{0, 1}, {0, 1}, {0, 1}, {0}]
 
 
@@ -55,7 +57,7 @@ def test_a_row_s_token_does_not_depend_on_the_filters_other_rows_ask_for():
             batch = SamplingBatch.build([alone, other], 49152)
             uniform = torch.tensor([[draw], [0.5]], dtype=torch.float64)
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(torch, "rand", lambda *args, **kwargs: uniform.clone())
+                patch.setattr(draws, "uniforms", lambda *args, **kwargs: uniform.view(-1).clone())
                 tokens.append(int(sample(logits.repeat(2, 1), batch)[0]))
         assert tokens[0] == tokens[1], draw
 
@@ -71,16 +73,18 @@ def chi2(counts: list[int], p: list[float]) -> float:
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_tokens_follow_the_softmax_distribution(temperature):
-    """A batch of rows, some unseeded and some seeded, each drawing from softmax(logits / temperature)."""
+    """A batch of rows, some with seeds of their own and some drawing one, each drawing from
+    softmax(logits / temperature), token after token (the counters advancing)."""
     torch.manual_seed(0)
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0, 1.5]] * 8)
     p = torch.softmax(logits[0] / temperature, dim=-1).tolist()
-    generators = [None, torch.Generator().manual_seed(1), None, torch.Generator().manual_seed(2)] * 2
-    batch = SamplingBatch.build([SamplingParams(temperature=temperature)] * 8, 8, generators)
-    counts = [[0] * 8 for _ in range(2)]  # unseeded rows, seeded rows
+    seeds = [None, 1, None, 2, None, 3, None, 4]
+    batch = SamplingBatch.build([SamplingParams(temperature=temperature)] * 8, 8, seeds)
+    counts = [[0] * 8 for _ in range(2)]  # rows that drew a seed, rows with their own
     for _ in range(1500):
         for row, token in enumerate(sample(logits, batch).tolist()):
-            counts[generators[row] is not None][token] += 1
+            counts[seeds[row] is not None][token] += 1
+        batch = batch.advanced()
     for c in counts:
         assert chi2(c, p) < CHI2_CRITICAL[7], (c, [round(sum(c) * q) for q in p])
 
@@ -95,6 +99,7 @@ def test_filtered_distribution_is_renormalised_and_zero_tokens_are_never_drawn()
     for _ in range(1000):
         for token in sample(logits, batch).tolist():
             counts[token] += 1
+        batch = batch.advanced()
     assert counts[4] == counts[5] == 0
     assert chi2(counts[:4], [0.3 / 0.9, 0.25 / 0.9, 0.2 / 0.9, 0.15 / 0.9]) < CHI2_CRITICAL[3]
 
@@ -104,16 +109,44 @@ def test_a_draw_at_the_very_top_of_the_cdf_lands_on_a_token_with_probability(mon
     that here): the token found is still one of probability > 0, not the zero-probability last one."""
     logits = torch.tensor([[0.0, 0.0, float("-inf")]])
     batch = SamplingBatch.build([SamplingParams(temperature=1.0)], 3)
-    monkeypatch.setattr(torch, "rand", lambda *a, **kw: torch.ones(1, 1, dtype=torch.float64))
+    monkeypatch.setattr(draws, "uniforms", lambda *a, **kw: torch.ones(1, dtype=torch.float64))
     assert int(sample(logits, batch)[0]) == 1
 
 
-def test_seeded_rows_use_their_own_generator():
-    logits = torch.zeros(2, 1000)
-    params = [SamplingParams(seed=3), SamplingParams()]
-    first = sample(logits, SamplingBatch.build(params, 1000, [torch.Generator().manual_seed(3), None]))
-    again = sample(logits, SamplingBatch.build(params, 1000, [torch.Generator().manual_seed(3), None]))
-    assert first[0] == again[0]
+def test_a_rows_draw_is_its_seed_and_counter_in_any_batch():
+    """A sampled row's token depends on its seed and the index of the token it draws, not on its batch: the same
+    seed and counter give the same token in another row, beside other requests; another counter (the next token)
+    or another seed draws anew."""
+    logits = torch.zeros(1, 1000)  # uniform over 1,000 tokens: the token is the draw, scaled
+    params = SamplingParams(temperature=1.0)
+
+    def token(seed: int, counter: int, row: int = 0, rows: int = 1) -> int:
+        seeds = [seed if i == row else 100 + i for i in range(rows)]
+        counters = [counter if i == row else 7 for i in range(rows)]
+        batch = SamplingBatch.build([params] * rows, 1000, seeds, counters)
+        return int(sample(logits.repeat(rows, 1), batch)[row])
+
+    assert token(3, 5) == token(3, 5, row=2, rows=4) == token(3, 5, row=0, rows=3)
+    assert token(3, 5) == int(draws.reference_uniform(3, 5) * 1000)
+    assert len({token(3, k) for k in range(20)}) > 15  # the counter moves the draw
+    assert len({token(s, 5) for s in range(20)}) > 15  # and so does the seed
+    advanced = SamplingBatch.build([params] * 2, 1000, [3, 4], [5, 9]).advanced()
+    assert sample(logits.repeat(2, 1), advanced).tolist() == [token(3, 6), token(4, 10)]
+
+
+def test_draws_equal_their_reference_across_the_int64_range():
+    """The device hash wraps its products modulo 2**64 and shifts logically, as the reference's unsigned integers
+    do, for seeds anywhere in (and beyond) the int64 range."""
+    import random
+
+    rng = random.Random(0)
+    seeds = [0, 1, -1, 2**63 - 1, -(2**63), 2**64 + 5, -(2**70)] + [rng.getrandbits(64) - 2**63 for _ in range(300)]
+    counters = [rng.randrange(0, 2**40) for _ in seeds]
+    got = draws.uniforms(torch.tensor([draws.seed_word(s) for s in seeds]), torch.tensor(counters)).tolist()
+    assert got == [draws.reference_uniform(s, c) for s, c in zip(seeds, counters)]
+    assert all(0.0 <= u < 1.0 for u in got)
+    many = draws.uniforms(torch.full((200_000,), draws.seed_word(42)), torch.arange(200_000))
+    assert abs(many.mean().item() - 0.5) < 0.005 and abs(many.var().item() - 1 / 12) < 0.002
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -137,7 +170,7 @@ def test_next_tokens_never_writes_into_the_logits_it_is_given(processing):
     from radixrt.scheduler.logits import next_tokens
 
     params = SamplingParams(max_new_tokens=8, temperature=0.0, **processing)
-    reqs = [SimpleNamespace(params=params, prompt_ids=[1, 2], output_ids=[2], grammar=None, generator=None,
+    reqs = [SimpleNamespace(params=params, prompt_ids=[1, 2], output_ids=[2], grammar=None, seed=None,
                             return_logprob=logprob, top_logprobs_num=0, token_ids_logprob=None,
                             pending_output_logprobs=[], pending_output_top=[]) for logprob in (False, True)]
     logits = torch.randn(2, 8)
@@ -286,7 +319,7 @@ def test_the_kernel_samples_the_rows_that_ask_for_temperature_alone(monkeypatch)
     params = [SamplingParams(temperature=1.2), SamplingParams(top_p=0.5), SamplingParams(temperature=0.0)]
     for draw in torch.rand(20, dtype=torch.float64, generator=gen).tolist() + [1.0 - 1e-9]:
         uniforms = torch.full((3, 1), draw, dtype=torch.float64)
-        monkeypatch.setattr(torch, "rand", lambda rows, *a, **kw: uniforms[:rows].clone())
+        monkeypatch.setattr(draws, "uniforms", lambda seeds, counters: uniforms[: seeds.shape[0], 0].clone())
         mixed = sample(logits, SamplingBatch.build(params, 49152)).tolist()
         alone = sample(logits[:1], SamplingBatch.build(params[:1], 49152)).tolist()
         direct = real(logits[:1], torch.tensor([1.2]), uniforms[:1, 0]).tolist()

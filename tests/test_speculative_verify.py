@@ -12,6 +12,7 @@ import torch
 from radixrt.memory.page_pool import KVLayout, PagePool
 from radixrt.memory.radix_cache import RadixCache
 from radixrt.protocol.messages import GenerateReq
+from radixrt.sampling import draws
 from radixrt.sampling.params import SamplingParams
 from radixrt.scheduler.drafts import ContextIndex, Match
 from radixrt.scheduler.memory import Memory
@@ -70,10 +71,11 @@ def verifying(memory: Memory, params: SamplingParams, seed: int | None = None, r
     return req
 
 
-def sample_alone(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
-    """The sampler's inverse CDF for one row, as a decode step without a draft runs it."""
+def sample_alone(logits: torch.Tensor, temperature: float, seed: int, counter: int) -> int:
+    """The sampler's inverse CDF for one row, as a decode step without a draft runs it for output index
+    ``counter``."""
     cdf = torch.softmax(logits.float() / temperature, dim=-1).double().cumsum(0)
-    u = torch.rand(1, dtype=torch.float64, generator=generator)
+    u = draws.reference_uniform(seed, counter)
     return int(torch.searchsorted(cdf, u * cdf[-1], right=True))
 
 
@@ -86,16 +88,13 @@ def test_sampled_verification_keeps_the_distribution_and_the_seeds_tokens():
         req = verifying(memory, params, seed)
         out.process([(req, 1 + len(DRAFT))], (ROWS,))
         new = req.output_ids[1:]
-        # the same tokens as decoding one at a time with the same seed: one draw of noise per token
-        alone = torch.Generator().manual_seed(seed)
-        want = [sample_alone(ROWS[0], temperature, alone)]
+        # the same tokens as decoding one at a time with the same seed: output index k meets draw k
+        want = [sample_alone(ROWS[0], temperature, seed, 1)]
         for row in range(1, 3):
             if want[-1] != DRAFT[row - 1]:
                 break
-            want.append(sample_alone(ROWS[row], temperature, alone))
+            want.append(sample_alone(ROWS[row], temperature, seed, 1 + row))
         assert new == want, seed
-        # and the generator stands where one draw per token taken leaves it
-        assert torch.equal(req.generator.get_state(), alone.get_state()), seed
         memory.pool.decref(req.pages)
         first[new[0]] += 1
         if new[0] == DRAFT[0]:

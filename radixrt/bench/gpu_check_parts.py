@@ -116,6 +116,27 @@ def check_kernels(ctx: Context, part: Part) -> None:
     part.figures["cases"] = rows
     part.figures["worst"] = {kind: max(r["max_abs_diff"] for r in rows if r["kernel"] == kind)
                              for kind in ("decode", "extend")}
+    _check_draws(device, part)
+
+
+def _check_draws(device, part: Part) -> None:
+    """The sampler's counter-based draws on the device equal their reference in Python's integers (int64 products
+    must wrap modulo 2**64 there as on the CPU)."""
+    import random
+
+    import torch
+
+    from radixrt.sampling import draws
+
+    rng = random.Random(0)
+    seeds = [0, -1, 2**63 - 1, -(2**63)] + [rng.getrandbits(64) for _ in range(252)]
+    counters = [rng.randrange(0, 2**40) for _ in seeds]
+    got = draws.uniforms(torch.tensor([draws.seed_word(s) for s in seeds], device=device),
+                         torch.tensor(counters, device=device)).tolist()
+    want = [draws.reference_uniform(s, c) for s, c in zip(seeds, counters)]
+    part.figures["draws_checked"] = len(seeds)
+    part.expect(got == want, f"sampling draws: {sum(a != b for a, b in zip(got, want))} of {len(seeds)} differ "
+                             "from the reference")
 
 
 def _compare(ours, ref) -> tuple[float, float]:

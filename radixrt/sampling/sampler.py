@@ -2,9 +2,10 @@
 
 Device contract: every tensor ``sample`` uses lives on the logits' device. Build the batch there
 (``SamplingBatch.build(..., device=logits.device)``: its parameters reach the device in one non-blocking copy,
-none when every row is greedy); a batch built elsewhere is moved first. A seeded request's generator should
-live on that device too: its draw is then made in place. A generator on another device (a CPU generator next
-to CUDA logits) still works: that row's draw is made where the generator is and copied over.
+none when every row is greedy); a batch built elsewhere is moved first.
+
+Randomness: a sampled row's draw is a hash of its seed and its counter, the index of the output token it draws
+(radixrt.sampling.draws), for every row at once: a request's k-th token meets the same draw in any batch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from radixrt.device_copy import stage
 from radixrt.kernels import cpu_kernels
+from radixrt.sampling import draws
 from radixrt.sampling.params import SamplingParams
 
 
@@ -30,7 +32,8 @@ class SamplingBatch:
     min_ps: torch.Tensor | None  # [B]
     greedy: torch.Tensor | None  # [B] bool
     filtered: torch.Tensor | None  # [B] bool: the row asks for top-k, top-p or min-p
-    generators: list[torch.Generator | None]
+    seed_words: torch.Tensor | None  # [B] int64: each row's seed, mixed (draws.seed_word)
+    counters: torch.Tensor | None  # [B] int64: the index of the output token each row draws
     all_greedy: bool
     need_top_k: bool
     need_top_p: bool
@@ -41,16 +44,22 @@ class SamplingBatch:
         cls,
         params: list[SamplingParams],
         vocab_size: int,
-        generators: list[torch.Generator | None] | None = None,
+        seeds: list[int | None] | None = None,
+        counters: list[int] | None = None,
         device: str | torch.device = "cpu",
     ) -> "SamplingBatch":
+        """``seeds``: each row's seed (a sampled row without one draws it from torch's global generator);
+        ``counters``: the index of the output token each row draws (0 where not given)."""
         greedy = [p.greedy for p in params]
         top_ks = [vocab_size if p.top_k < 1 else min(p.top_k, vocab_size) for p in params]
-        flags = dict(generators=generators or [None] * len(params), all_greedy=all(greedy),
-                     need_top_k=any(k < vocab_size for k in top_ks), need_top_p=any(p.top_p < 1.0 for p in params),
-                     need_min_p=any(p.min_p > 0.0 for p in params))
+        flags = dict(all_greedy=all(greedy), need_top_k=any(k < vocab_size for k in top_ks),
+                     need_top_p=any(p.top_p < 1.0 for p in params), need_min_p=any(p.min_p > 0.0 for p in params))
         if flags["all_greedy"]:  # argmax needs no parameter: nothing to copy to the device
-            return cls(temperatures=None, top_ks=None, top_ps=None, min_ps=None, greedy=None, filtered=None, **flags)
+            return cls(temperatures=None, top_ks=None, top_ps=None, min_ps=None, greedy=None, filtered=None,
+                       seed_words=None, counters=None, **flags)
+        seeds = seeds if seeds is not None else [None] * len(params)
+        words = [0 if g else draws.seed_word(s if s is not None else int(torch.randint(0, 2**62, ())))
+                 for g, s in zip(greedy, seeds)]
         tensors = stage({
             "temperatures": np.array([[1.0 if g else p.temperature] for p, g in zip(params, greedy)], np.float32),
             "top_ks": np.array(top_ks, np.int64),
@@ -59,6 +68,8 @@ class SamplingBatch:
             "greedy": np.array(greedy, np.bool_),
             "filtered": np.array([k < vocab_size or p.top_p < 1.0 or p.min_p > 0.0 for k, p in zip(top_ks, params)],
                                  np.bool_),
+            "seed_words": np.array(words, np.int64),
+            "counters": np.array(counters if counters is not None else [0] * len(params), np.int64),
         }, device)
         return cls(**tensors, **flags)
 
@@ -71,39 +82,32 @@ class SamplingBatch:
         device = torch.device(device)
         if self.greedy is None or _same_device(self.device, device):
             return self
-        tensors = ("temperatures", "top_ks", "top_ps", "min_ps", "greedy", "filtered")
+        tensors = ("temperatures", "top_ks", "top_ps", "min_ps", "greedy", "filtered", "seed_words", "counters")
         return dataclasses.replace(self, **{name: getattr(self, name).to(device) for name in tensors})
 
+    def advanced(self) -> "SamplingBatch":
+        """The same rows drawing their next output token (every counter one further), on the device."""
+        if self.all_greedy:
+            return self
+        return dataclasses.replace(self, counters=self.counters + 1)
 
-def sample(logits: torch.Tensor, batch: SamplingBatch, generator_states: dict[int, torch.Tensor] | None = None
-           ) -> torch.Tensor:
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Next token per row of ``logits`` ``[B, V]`` (already penalised and masked), on the logits' device.
 
-    Inverse-CDF sampling: a row's token is where one uniform draw, scaled to the row's total, falls in the
-    cumulative sum (fp64) of its probabilities; a token of probability 0 spans nothing and is never drawn. One
-    number a row: the exponential race it replaced drew ``V`` numbers a row, which on a CPU took about 1 ms a row
-    (30 ms a step at batch 32). A seeded row draws its uniform from its generator, rows in order (one generator
-    may serve several consecutive rows: a speculative verify step's). ``generator_states``, when given, receives
-    each seeded row's generator state after its draw, so a caller that uses fewer rows can rewind the generator to
-    where one token per used row leaves it. On a CPU with the C++ kernels, the rows that ask for temperature alone
-    are sampled by one kernel (``cpu_kernels.sample_tokens``: the same rule over the softmax's numerators, two
-    passes over a row and a third over one vector of it, nothing row-sized written; 0.18 ms for 8 rows of 49,152
-    logits on two cores, where the torch ops took 0.85); the rows that ask for top-k, top-p or min-p by the torch
-    ops. A row's way depends on its own parameters alone, so its token never depends on what the other rows of its
-    batch ask for."""
+    Inverse-CDF sampling: a row's token is where its uniform draw (radixrt.sampling.draws: a hash of its seed and
+    counter), scaled to the row's total, falls in the cumulative sum (fp64) of its probabilities; a token of
+    probability 0 spans nothing and is never drawn. One number a row: the exponential race it replaced drew ``V``
+    numbers a row, which on a CPU took about 1 ms a row (30 ms a step at batch 32). On a CPU with the C++ kernels,
+    the rows that ask for temperature alone are sampled by one kernel (``cpu_kernels.sample_tokens``: the same rule
+    over the softmax's numerators, two passes over a row and a third over one vector of it, nothing row-sized
+    written; 0.18 ms for 8 rows of 49,152 logits on two cores, where the torch ops took 0.85); the rows that ask
+    for top-k, top-p or min-p by the torch ops. A row's way depends on its own parameters alone, so its token never
+    depends on what the other rows of its batch ask for."""
     if batch.all_greedy:
         return greedy_tokens(logits)
     batch = batch.to(logits.device)
-    uniforms = torch.rand(logits.shape[0], 1, dtype=torch.float64, device=logits.device)
-    for row, generator in enumerate(batch.generators):
-        if generator is None:
-            continue
-        if _same_device(generator.device, uniforms.device):
-            uniforms[row].uniform_(generator=generator)
-        else:
-            uniforms[row].copy_(torch.rand(1, dtype=torch.float64, device=generator.device, generator=generator))
-        if generator_states is not None:
-            generator_states[row] = generator.get_state()
+    uniforms = draws.uniforms(batch.seed_words, batch.counters)[:, None]
     if _kernel_samples(logits):
         sampled = cpu_kernels.sample_tokens(logits.float(), batch.temperatures.view(-1), uniforms.view(-1))
         if batch.need_top_k or batch.need_top_p or batch.need_min_p:  # torch samples the rows that sort first
@@ -136,7 +140,8 @@ def _rows_of(batch: SamplingBatch, rows: torch.Tensor) -> SamplingBatch:
     whole by it)."""
     return dataclasses.replace(batch, temperatures=batch.temperatures[rows], top_ks=batch.top_ks[rows],
                                top_ps=batch.top_ps[rows], min_ps=batch.min_ps[rows], greedy=batch.greedy[rows],
-                               filtered=batch.filtered[rows], generators=[batch.generators[i] for i in rows.tolist()])
+                               filtered=batch.filtered[rows], seed_words=batch.seed_words[rows],
+                               counters=batch.counters[rows])
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -32,10 +32,10 @@ if TYPE_CHECKING:
 
 
 def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_size: int,
-                grammars: GrammarBackend | None, generator_states: dict[int, torch.Tensor] | None = None) -> list[int]:
+                grammars: GrammarBackend | None) -> list[int]:
     """One next token per row of ``logits`` (one row per request, or per ``DraftRow`` of a verify step: the
-    request as it would be after that row's draft tokens); logprobs of the raw logits. ``generator_states``:
-    see ``sample``."""
+    request as it would be after that row's draft tokens, drawing for the output index after them); logprobs of
+    the raw logits."""
     params = [r.params for r in reqs]
     raw = logits
     banned = []
@@ -52,8 +52,9 @@ def next_tokens(reqs: list[Req], logits: torch.Tensor, eos_ids: set[int], vocab_
     if any(r.grammar is not None for r in reqs):
         grammars.apply_masks(logits, [r.grammar for r in reqs])
         close_within_budget(logits, reqs)
-    batch = SamplingBatch.build(params, vocab_size, [r.generator for r in reqs], device=logits.device)
-    tokens = sample(logits, batch, generator_states)
+    batch = SamplingBatch.build(params, vocab_size, [r.seed for r in reqs], [len(r.output_ids) for r in reqs],
+                                device=logits.device)
+    tokens = sample(logits, batch)
     token_ids = tokens.tolist()  # one device-to-host copy for the batch
     wants = [i for i, r in enumerate(reqs) if r.return_logprob]
     if wants:

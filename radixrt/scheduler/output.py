@@ -133,18 +133,17 @@ class OutputProcessor:
                 tokens.append(None)
         return tokens
 
-    def _next_tokens(self, reqs: list, logits: torch.Tensor, generator_states: dict | None = None) -> list[int]:
-        return next_tokens(reqs, logits, self.eos_ids, self.vocab_size, self.grammars, generator_states)
+    def _next_tokens(self, reqs: list, logits: torch.Tensor) -> list[int]:
+        return next_tokens(reqs, logits, self.eos_ids, self.vocab_size, self.grammars)
 
     # ----- speculative verify steps -------------------------------------------------------------------
 
     def _verify(self, verifies: list[tuple[Req, torch.Tensor]]) -> None:
         """The token of every verify row of every request at once; if that fails, one request at a time."""
         views = [self.speculator.rows(req) for req, _ in verifies]
-        states: dict[int, torch.Tensor] = {}
         try:
             flat = [row for rows in views for row in rows]
-            tokens = self._next_tokens(flat, _stacked([rows for _, rows in verifies]), states)
+            tokens = self._next_tokens(flat, _stacked([rows for _, rows in verifies]))
         except Exception as batch_error:
             logger.warning("verifying a batch of %d drafts failed (%r); verifying them one by one", len(verifies),
                            batch_error)
@@ -152,18 +151,13 @@ class OutputProcessor:
         offset = 0
         for (req, logits), rows in zip(verifies, views):
             try:
-                if tokens is None:
-                    states = {}
-                    mine, first = self._next_tokens(rows, logits, states), 0
-                else:
-                    mine, first = tokens[offset : offset + len(rows)], offset
-                self._take_verified(req, mine, rows, states, first)
+                mine = self._next_tokens(rows, logits) if tokens is None else tokens[offset : offset + len(rows)]
+                self._take_verified(req, mine, rows)
             except Exception as exc:
                 self.finish_with_error(req, exc, "verifying its draft")
             offset += len(rows)
 
-    def _take_verified(self, req: Req, tokens: list[int], rows: list, states: dict[int, torch.Tensor],
-                       first_row: int) -> None:
+    def _take_verified(self, req: Req, tokens: list[int], rows: list) -> None:
         draft, start = req.draft, req.num_computed
         agreed = 0
         while agreed < len(draft) and tokens[agreed] == draft[agreed]:
@@ -180,8 +174,6 @@ class OutputProcessor:
             self.take_token(req, tokens[j])
             if req.finished or self.jump_forwards != jump_forwards:  # done, or the grammar rewrote the tail
                 break
-        if req.generator is not None and taken < len(rows):  # one draw per token taken, as without drafts
-            req.generator.set_state(states[first_row + taken - 1])
         self.speculator.verified(req, agreed, taken)
         if not req.finished:
             self.memory.trim(req)

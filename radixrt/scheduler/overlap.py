@@ -73,13 +73,16 @@ class Launched:
         return all(id(r) in planned for r in running)
 
 
-def launch(plan: Plan, logits: torch.Tensor, vocab_size: int, sampling: SamplingBatch | None = None) -> Launched:
+def launch(plan: Plan, logits: torch.Tensor, vocab_size: int, in_flight: int = 0,
+           sampling: SamplingBatch | None = None) -> Launched:
     """Sample the step's tokens on the device and start copying them to the host; the requests' ``num_computed``
-    advance past the step's tokens now. ``sampling``: the plan's rows' parameters, built here when not given."""
+    advance past the step's tokens now. ``in_flight``: sampled tokens of each request not yet in its
+    ``output_ids`` (the index of the token drawn counts them); ``sampling``: the plan's rows' parameters, built
+    here when not given."""
     if sampling is None:
         reqs = [req for req, _ in plan]
-        sampling = SamplingBatch.build([r.params for r in reqs], vocab_size, [r.generator for r in reqs],
-                                       device=logits.device)
+        sampling = SamplingBatch.build([r.params for r in reqs], vocab_size, [r.seed for r in reqs],
+                                       [len(r.output_ids) + in_flight for r in reqs], device=logits.device)
     tokens = sample(logits, sampling)
     for req, n in plan:
         req.num_computed += n
@@ -93,9 +96,9 @@ def launch(plan: Plan, logits: torch.Tensor, vocab_size: int, sampling: Sampling
 
 
 def continued_sampling(plan: Plan, launched: Launched) -> SamplingBatch | None:
-    """The launched step's sampling batch where ``plan`` (its continuation, a subsequence of its rows) keeps every
-    row, in the same order; None (to be built) where rows were dropped."""
-    return launched.sampling if len(plan) == len(launched.plan) else None
+    """The launched step's sampling batch, each row drawing its next token, where ``plan`` (its continuation, a
+    subsequence of its rows) keeps every row, in the same order; None (to be built) where rows were dropped."""
+    return launched.sampling.advanced() if len(plan) == len(launched.plan) else None
 
 
 def continuation(launched: Launched, context_length: int, long_rope_from: int | None = None) -> Plan | None:

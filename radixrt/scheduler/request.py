@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from radixrt.detokenize import TextStream
 from radixrt.memory.radix_cache import cache_namespace, long_rope_namespace
 from radixrt.model.pooling import Pooling
@@ -44,7 +42,7 @@ class Req:
     num_computed: int = 0  # tokens of fill_ids whose K/V sit in `pages`
     cached_tokens: int = 0  # prompt tokens served by the prefix cache
     finish_reason: FinishReason | None = None
-    generator: torch.Generator | None = None
+    seed: int | None = None  # a sampled request's seed: its own, or one the scheduler drew (radixrt.sampling.draws)
     stop_text: TextStream | None = None  # set when the request has stop strings
     grammar_future: Future[Grammar] | None = None  # the grammar being compiled
     grammar: GrammarMatcher | None = None  # the request's constrained-decoding state once compiled
@@ -79,8 +77,7 @@ class Req:
     long_rope: bool = False
 
     @classmethod
-    def from_message(cls, msg: GenerateReq, drawn_seed: int, device: torch.device | str = "cpu",
-                     lora_uid: int = 0, long_rope_from: int | None = None,
+    def from_message(cls, msg: GenerateReq, drawn_seed: int, lora_uid: int = 0, long_rope_from: int | None = None,
                      pooling: Pooling = LAST_TOKEN) -> "Req":
         """``drawn_seed`` seeds a sampled request that brings no seed of its own; ``lora_uid`` is the loaded
         adapter ``msg.lora_path`` names; ``long_rope_from``: a LongRoPE model's original context (a prompt past it
@@ -103,9 +100,8 @@ class Req:
         if req.outgrows_short_rope(long_rope_from):
             req.switch_to_long_rope()
         if not msg.params.greedy:
-            # Every sampled request draws from its own generator, so its tokens do not depend on the batch.
-            seed = msg.params.seed if msg.params.seed is not None else drawn_seed
-            req.generator = torch.Generator(device=device).manual_seed(seed)
+            # Every sampled request draws from its own seed, so its tokens do not depend on the batch.
+            req.seed = msg.params.seed if msg.params.seed is not None else drawn_seed
         return req
 
     def urgency(self, low_priority_first: bool) -> int:

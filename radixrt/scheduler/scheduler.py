@@ -205,12 +205,12 @@ class Scheduler:
             if msg.session is not None:
                 msg = self.sessions.resolve(msg)  # an unknown session or rid: this request's 400
             self.validate(msg)
-            req = Req.from_message(msg, seed, self.runner.device, lora.adapter_uid(self.runner, msg.lora_path),
+            req = Req.from_message(msg, seed, lora.adapter_uid(self.runner, msg.lora_path),
                                    self.runner.long_rope_from, self.runner.pooling)
         except RequestError as exc:
             self.refuse(msg, FinishReason.error(str(exc), status_of(exc)))
             return
-        except Exception as exc:  # e.g. a seed the generator refuses: this request's error only
+        except Exception as exc:  # this request's error only
             logger.exception("could not take in request %s", msg.rid)
             self.refuse(msg, FinishReason.error(f"invalid request: {exc!r}", 400))
             return
@@ -408,8 +408,8 @@ class Scheduler:
         try:
             batch = continuation_batch(plan, launched, self.memory.rows, self.page_size, self.runner.device,
                                        self.runner.long_rope_from)
-            self.launched = launch(plan, self.runner.forward(batch), self.vocab_size,
-                                   continued_sampling(plan, launched))
+            self.launched = launch(plan, self.runner.forward(batch), self.vocab_size, in_flight=1,
+                                   sampling=continued_sampling(plan, launched))
             self.launched_steps += 1
         except Exception as exc:
             self.launched = None

@@ -13,9 +13,9 @@ i comes from checking the draft against the grammar at draft time, which also cu
 token the grammar refuses). The draft's longest prefix equal to those tokens is accepted, plus the next row's
 token: ``accepted + 1`` tokens per verify step, taken one by one through the usual finish checks.
 
-Sampled requests keep their distribution and their tokens: a seeded row draws its noise from the request's
-generator in row order, and after verification the generator is rewound to where one draw per *used* row
-leaves it, so the k-th output token always meets the k-th draw, speculation on or off. Accepting a draft
+Sampled requests keep their distribution and their tokens: row i draws the noise of the output index it samples
+(radixrt.sampling.draws: a hash of the request's seed and that index), so the k-th output token always meets the
+same draw, speculation on or off, and rows past the first rejection leave nothing to rewind. Accepting a draft
 token exactly when the sampled token equals it is the standard rejection rule for a draft that is a point
 mass (accepted with probability p(d); otherwise a token from p without d), coupled to the same draws.
 
@@ -50,7 +50,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
 
 from radixrt.memory.radix_cache import namespaced, plain
 from radixrt.scheduler.drafts import ContextIndex, History, Match, cache_continuation, candidates, ngram_match, support
@@ -159,7 +158,7 @@ class DraftRow:
     output_ids: list[int]
     return_logprob: bool
     top_logprobs_num: int
-    generator: torch.Generator | None
+    seed: int | None
     grammar: GrammarMatcher | None
     token_ids_logprob: list[int] | None = None
     pending_output_logprobs: list = field(default_factory=list)
@@ -339,7 +338,7 @@ class Speculator:
         draft = req.draft
         matchers = req.draft_matchers
         return [DraftRow(req.params, req.prompt_ids, req.output_ids + draft[:i], req.return_logprob,
-                         req.top_logprobs_num, req.generator, matchers[i] if matchers is not None else None,
+                         req.top_logprobs_num, req.seed, matchers[i] if matchers is not None else None,
                          req.token_ids_logprob)
                 for i in range(len(draft) + 1)]
 
