@@ -86,9 +86,10 @@ def test_random_workloads_finish_without_leaks_and_match_solo_runs(world, oracle
     assert result.pages_leaked == 0
 
 
-# Soak seeds whose requests are greedy and never speculate, so that what they do hangs neither on sampled tokens
-# nor on step times (speculation sizes its drafts by them); each retracts a request.
+# Seeds whose pools run short enough to retract a request (few of the soak's first seeds do). Greedy and without
+# speculation, their steps do not hang on how sampling draws; with speculation on, the second pair's do not either.
 RETRACTING_SEEDS = (83, 155)
+RETRACTING_WITH_SPECULATION = (49, 155)
 
 
 def test_soak_seeds_pass_and_exercise_pressure(world, oracle):
@@ -116,7 +117,8 @@ def test_speculative_decoding_matches_solo_runs(world, oracle):
     """Speculative decoding (drafts verified in the scheduler's batches, over a fake model that often copies
     earlier text) under the soak's workloads: greedy and seeded sampled outputs, logprobs and finish reasons
     equal solo runs without speculation, nothing leaks, and drafts really were verified and accepted."""
-    results = [run_seed(Knobs.from_seed(seed, speculative=True, copying=True), world, oracle) for seed in range(16)]
+    results = [run_seed(Knobs.from_seed(seed, speculative=True, copying=True), world, oracle)
+               for seed in (*range(16), *RETRACTING_WITH_SPECULATION)]
     assert all(r.ok for r in results), "\n".join(_failure_report(r) for r in results if not r.ok)
     verified = sum(r.spec_verify_steps for r in results)
     accepted = sum(r.spec_accepted_tokens for r in results)

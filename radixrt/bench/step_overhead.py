@@ -4,12 +4,16 @@
                                           [--seeded] [--profile]
     python -m radixrt.bench.step_overhead --engine --vocab 1024 [--batch 64 256]
     python -m radixrt.bench.step_overhead --engine-modes [--batch 64 256]
+    python -m radixrt.bench.step_overhead --prefill-chunk 8192 --prompt-len 512 --vocab 1024 [--batch 256]
 
 A model-free runner (its forward costs next to nothing: logits pick a token from the inputs) stands in for the
 model, so each step's time is the scheduler's own: planning, pages, the forward batch, sampling, finish checks,
 emitting, and (``--detokenize``) turning ids into text as the Engine does. Reported per batch size, with the
 overlap scheduler off and on. ``--temperature`` above 0 samples (``--seeded``: each request with its own seed)
 instead of taking the argmax. ``--profile`` prints cProfile's top functions of the largest batch.
+
+``--prefill-chunk`` times the prefill of the batch's prompts instead, in chunks of that many tokens: a prefill step
+is not launched ahead, so its host time adds to the device's.
 
 ``--engine-modes`` times the Engine over a tiny real model (one layer of width 64; its forward costs little) with
 its scheduler on a thread of the caller's process and in a process of its own (``engine_scheduler``), modes
@@ -124,6 +128,42 @@ def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bo
             "temperature": temperature, "seeded": seeded, "ms_per_step": round(1000 * seconds / steps, 3), "us_per_request": round(1e6 * seconds / steps / batch, 2)}
 
 
+def measure_prefill(batch: int, prompt_len: int, chunk: int, vocab: int = VOCAB, profile: bool = False) -> dict:
+    """The scheduler's host time over the prefill of ``batch`` prompts of ``prompt_len`` tokens in chunks of
+    ``chunk`` tokens (admission, prefix matching, the forward batch, caching the prompts' pages, sampling each
+    prompt's first token), with the stand-in runner: what each prefill step adds to the device's time, as a
+    prefill step is not launched ahead."""
+    from radixrt.bench.sim.world import load_world
+    from radixrt.protocol.messages import GenerateReq
+    from radixrt.sampling.params import SamplingParams
+    from radixrt.scheduler.scheduler import Scheduler
+    from radixrt.server_args import ServerArgs
+
+    world = load_world()
+    runner, prompts = _runner_and_prompts(batch, 8, vocab, prompt_len)
+    args = ServerArgs(max_running_requests=batch, chunked_prefill_size=chunk, log_interval=0,
+                      enable_overlap_schedule=True)
+    scheduler = Scheduler(args, runner, world.tokenizer, world.eos_ids, lambda out: None)
+    for i, prompt in enumerate(prompts):
+        scheduler.submit(GenerateReq(rid=f"r{i}", input_ids=prompt,
+                                     params=SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)))
+    profiler = cProfile.Profile() if profile else None
+    if profiler:
+        profiler.enable()
+    started, steps = time.perf_counter(), 0
+    while len(scheduler.running) < batch or any(r.num_computed < len(r.prompt_ids) for r in scheduler.running):
+        scheduler.step()
+        steps += 1
+    seconds = time.perf_counter() - started
+    if profiler:
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+        print(text.getvalue())
+    return {"batch": batch, "prompt_len": prompt_len, "chunk": chunk, "prefill_steps": steps,
+            "ms_per_step": round(1000 * seconds / steps, 3), "prefill_ms": round(1000 * seconds, 1)}
+
+
 def measure_engine(batch: int, steps: int, vocab: int = VOCAB, runs: int = 3) -> dict:
     """The Engine's wall time per decode step (the best of ``runs``), the stand-in runner in the model's place."""
     from unittest import mock
@@ -205,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--engine", action="store_true", help="time the whole Engine (its threads and the caller)")
     parser.add_argument("--vocab", type=int, default=VOCAB, help="the stand-in model's vocabulary (>= 1024)")
+    parser.add_argument("--prefill-chunk", type=int, default=0,
+                        help="time the prefill of the batch's prompts in chunks of this many tokens instead")
     parser.add_argument("--engine-modes", action="store_true",
                         help="time the Engine over a tiny real model with its scheduler on a thread and in a process")
     args = parser.parse_args(argv)
@@ -213,6 +255,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     if args.engine_modes:
         measure_engine_modes(args.batch, args.steps)
+        return
+    if args.prefill_chunk:
+        for batch in args.batch:
+            print(measure_prefill(batch, args.prompt_len, args.prefill_chunk, args.vocab, args.profile), flush=True)
         return
     if args.engine:
         for batch in args.batch:
