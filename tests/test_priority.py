@@ -17,7 +17,7 @@ from radixrt.bench.sim.fake_runner import FakeRunner
 from radixrt.bench.sim.oracle import DeltaSink
 from radixrt.protocol.messages import GenerateReq
 from radixrt.sampling.params import SamplingParams
-from radixrt.scheduler.policy import order_waiting
+from radixrt.scheduler.policy import LPM_MAX_QUEUE, order_waiting
 from radixrt.scheduler.request import Req
 from radixrt.scheduler.scheduler import Scheduler
 from radixrt.server_args import ServerArgs
@@ -105,6 +105,22 @@ def finish_order_behind_a_blocker(requests: list[tuple[str, list[int], int | Non
 
 
 # ----- admission order ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy, waiting, matches_all", [
+    ("lpm", 40, True), ("dfs-weight", 40, True), ("fcfs", 40, False), ("lpm", LPM_MAX_QUEUE + 40, False)])
+def test_admission_matches_the_whole_queue_only_for_an_order_that_reads_matches(policy, waiting, matches_all):
+    """LPM and DFS-weight order the queue by each request's match, so every waiting request is matched; FCFS (and
+    LPM past LPM_MAX_QUEUE waiting requests) orders by arrival, so only the requests admission reaches are: a step
+    behind a long queue costs what it admits, not the queue's length."""
+    scheduler, _ = make_scheduler(max_running_requests=2, schedule_policy=policy)
+    for i in range(waiting):
+        scheduler.submit(message(f"r{i}", prompt(i), 4))
+    match, calls = scheduler.cache.match_prefix, []
+    scheduler.cache.match_prefix = lambda *a, **kw: calls.append(1) or match(*a, **kw)
+    scheduler.step()
+    assert len(scheduler.running) == 2
+    assert (len(calls) >= waiting) if matches_all else (len(calls) <= 6), len(calls)
 
 
 @pytest.mark.parametrize("policy", ["lpm", "dfs-weight", "fcfs"])

@@ -7,7 +7,8 @@ priority). Each step:
 - ``drop_failed_grammars`` takes out constrained requests whose grammar failed or did not compile within
   GRAMMAR_COMPILE_TIMEOUT_S (finished with a 400, for the caller to emit); a request whose grammar is still
   compiling waits without holding up the others.
-- ``admit`` matches every ready request against the cache, orders them by priority and then by policy
+- ``admit`` matches the ready requests against the cache (every one where the policy orders by matches; under
+  FCFS, or a queue too long for LPM, only those it reaches), orders them by priority and then by policy
   (radixrt.scheduler.policy: a more urgent request is never passed over for lack of room), and admits while the
   chunked-prefill token budget, ``max_running_requests`` and the pages last. Pages are weighed against what
   running requests will still need: their remaining ``max_new_tokens`` times ``new_token_ratio``, an estimate
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 from radixrt.memory.radix_cache import MatchResult, RadixCache
 from radixrt.protocol.messages import FinishReason
 from radixrt.scheduler.memory import Memory
-from radixrt.scheduler.policy import order_waiting
+from radixrt.scheduler.policy import order_waiting, orders_by_match
 from radixrt.scheduler.request import Req
 from radixrt.server_args import ServerArgs
 from radixrt.token_ids import common_prefix_len
@@ -126,19 +127,22 @@ class Admission:
         if not ready or (len(running) >= self.args.max_running_requests and not self._may_preempt(ready, running)):
             return
         matches: dict[str, tuple[int, TreeNode]] = {}
-        for req in ready:
-            m = self._match(req)
-            matches[req.rid] = (m.num_tokens + m.partial_tokens, m.node)
+        if orders_by_match(self.args.schedule_policy, len(ready)):
+            for req in ready:
+                matches[req.rid] = self._matched(req)
         budget = self.args.chunked_prefill_size
         committed = sum(self._future_pages(r) for r in running)  # pages promised, not yet allocated
         admitted: list[Req] = []
+        prefilling = [r for r in running if r.num_to_compute > 1]  # what an admitted prompt may share a prefix with
         adapters = {r.lora_uid for r in running if r.lora_uid}
         order = order_waiting(self.args.schedule_policy, ready, matches,
                               self.args.schedule_low_priority_values_first)
         for req in order:
             if budget <= 0:
                 break
-            if self._shares_uncached_prefix(req, running, admitted, matches[req.rid][0]):
+            if req.rid not in matches:  # an order that reads no match: only the requests reached are matched
+                matches[req.rid] = self._matched(req)
+            if self._shares_uncached_prefix(req, prefilling, matches[req.rid][0]):
                 continue
             if req.lora_uid and req.lora_uid not in adapters and len(adapters) >= self.args.max_loras_per_batch:
                 continue  # its adapter would be one too many in the batch: it waits for one to finish
@@ -149,6 +153,8 @@ class Admission:
                 if released is None:
                     break
                 committed -= released
+                still = {id(r) for r in running}  # the preempted left
+                prefilling = [r for r in prefilling if id(r) in still]
                 pages = self._take_in(req, committed, alone=not running)
                 if pages is None:  # the estimate of the victims' pages was too generous; they run again later
                     break
@@ -158,6 +164,7 @@ class Admission:
                 adapters.add(req.lora_uid)
             admitted.append(req)
             running.append(req)
+            prefilling.append(req)
         self.admitted_now = {id(r) for r in admitted}
         if admitted:
             self.waiting = [r for r in self.waiting if id(r) not in self.admitted_now]
@@ -193,6 +200,11 @@ class Admission:
         remaining = max(req.params.max_new_tokens - len(req.output_ids), 0)
         return need + math.ceil(remaining * self.new_token_ratio / self.page_size)
 
+    def _matched(self, req: Req) -> tuple[int, TreeNode]:
+        """The request's cached tokens (partial page included) and the deepest node they reach."""
+        m = self._match(req)
+        return m.num_tokens + m.partial_tokens, m.node
+
     def _match(self, req: Req) -> MatchResult:
         """The request's cached prefix (in its namespace: its adapter's, its isolation key's), unrecorded."""
         return self.cache.match_prefix(req.fill_ids[: self._match_limit(req)], record=False,
@@ -213,17 +225,17 @@ class Admission:
         target = req.total_len + math.ceil(remaining * self.new_token_ratio)
         return max(math.ceil(target / self.page_size) - len(req.pages), 0)
 
-    def _shares_uncached_prefix(self, req: Req, running: list[Req], admitted: list[Req], cached: int) -> bool:
+    def _shares_uncached_prefix(self, req: Req, prefilling: list[Req], cached: int) -> bool:
+        """Whether ``req`` shares more than its cached prefix with a request whose prompt is still to be computed
+        (``prefilling``: those running with tokens to compute, and the ones admitted this step): it waits, so
+        that the shared part is computed once and cached."""
         if self.cache.disabled:
             return False
         need = cached + max(DEDUP_MIN_TOKENS, self.page_size)  # a common prefix at least this long
         if req.total_len < need:
             return False
-        just_admitted = {id(r) for r in admitted}
         fill, last = req.fill_ids, need - 1
-        for other in running:  # the admitted ones included
-            if other.num_to_compute <= 1 and id(other) not in just_admitted:
-                continue
+        for other in prefilling:
             # the last token such a prefix would hold first: most requests differ there (one comparison, no copy)
             if (other.total_len < need or other.token_at(last) != fill[last]
                     or other.cache_namespace != req.cache_namespace):

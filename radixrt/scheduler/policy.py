@@ -23,16 +23,22 @@ LPM_MAX_QUEUE = 256
 
 def order_waiting(policy: str, waiting: list[Req], matches: dict[str, tuple[int, TreeNode]],
                   low_priority_first: bool = False) -> list[Req]:
-    """``matches`` maps rid -> (matched tokens, deepest matched node). Most urgent priority first, then the
-    policy's order."""
+    """``matches`` maps rid -> (matched tokens, deepest matched node) of every waiting request where
+    ``orders_by_match``. Most urgent priority first, then the policy's order."""
     order = _policy_order(policy, waiting, matches)
     if any(r.priority != order[0].priority for r in order):
         order.sort(key=lambda r: -r.urgency(low_priority_first))  # stable: the policy's order within a level
     return order
 
 
+def orders_by_match(policy: str, num_waiting: int) -> bool:
+    """Whether ``order_waiting`` reads every waiting request's match (otherwise it may be computed only for the
+    requests admission gets to)."""
+    return policy != "fcfs" and num_waiting <= LPM_MAX_QUEUE
+
+
 def _policy_order(policy: str, waiting: list[Req], matches: dict[str, tuple[int, TreeNode]]) -> list[Req]:
-    if policy == "fcfs" or len(waiting) > LPM_MAX_QUEUE:
+    if not orders_by_match(policy, len(waiting)):
         return list(waiting)
     if policy == "lpm":
         # Stable sort: equal matches keep arrival order.
