@@ -5,6 +5,7 @@
     python -m radixrt.bench.step_overhead --engine --vocab 1024 [--batch 64 256]
     python -m radixrt.bench.step_overhead --engine-modes [--batch 64 256]
     python -m radixrt.bench.step_overhead --prefill-chunk 8192 --prompt-len 512 --vocab 1024 [--batch 256]
+                                          [--max-running 256]
 
 A model-free runner (its forward costs next to nothing: logits pick a token from the inputs) stands in for the
 model, so each step's time is the scheduler's own: planning, pages, the forward batch, sampling, finish checks,
@@ -128,11 +129,13 @@ def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bo
             "temperature": temperature, "seeded": seeded, "ms_per_step": round(1000 * seconds / steps, 3), "us_per_request": round(1e6 * seconds / steps / batch, 2)}
 
 
-def measure_prefill(batch: int, prompt_len: int, chunk: int, vocab: int = VOCAB, profile: bool = False) -> dict:
+def measure_prefill(batch: int, prompt_len: int, chunk: int, vocab: int = VOCAB, profile: bool = False,
+                    max_running: int | None = None) -> dict:
     """The scheduler's host time over the prefill of ``batch`` prompts of ``prompt_len`` tokens in chunks of
     ``chunk`` tokens (admission, prefix matching, the forward batch, caching the prompts' pages, sampling each
     prompt's first token), with the stand-in runner: what each prefill step adds to the device's time, as a
-    prefill step is not launched ahead."""
+    prefill step is not launched ahead. ``max_running`` below ``batch`` leaves the rest queued (each request
+    decodes 8 tokens, then leaves its slot): the steps until every prompt was prefilled, decode steps included."""
     from radixrt.bench.sim.world import load_world
     from radixrt.protocol.messages import GenerateReq
     from radixrt.sampling.params import SamplingParams
@@ -141,7 +144,7 @@ def measure_prefill(batch: int, prompt_len: int, chunk: int, vocab: int = VOCAB,
 
     world = load_world()
     runner, prompts = _runner_and_prompts(batch, 8, vocab, prompt_len)
-    args = ServerArgs(max_running_requests=batch, chunked_prefill_size=chunk, log_interval=0,
+    args = ServerArgs(max_running_requests=max_running or batch, chunked_prefill_size=chunk, log_interval=0,
                       enable_overlap_schedule=True)
     scheduler = Scheduler(args, runner, world.tokenizer, world.eos_ids, lambda out: None)
     for i, prompt in enumerate(prompts):
@@ -151,7 +154,8 @@ def measure_prefill(batch: int, prompt_len: int, chunk: int, vocab: int = VOCAB,
     if profiler:
         profiler.enable()
     started, steps = time.perf_counter(), 0
-    while len(scheduler.running) < batch or any(r.num_computed < len(r.prompt_ids) for r in scheduler.running):
+    while (scheduler.inbox or scheduler.admission.waiting
+           or any(r.num_computed < len(r.prompt_ids) for r in scheduler.running)):
         scheduler.step()
         steps += 1
     seconds = time.perf_counter() - started
@@ -160,7 +164,8 @@ def measure_prefill(batch: int, prompt_len: int, chunk: int, vocab: int = VOCAB,
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
         print(text.getvalue())
-    return {"batch": batch, "prompt_len": prompt_len, "chunk": chunk, "prefill_steps": steps,
+    return {"batch": batch, "max_running": max_running or batch, "prompt_len": prompt_len, "chunk": chunk,
+            "prefill_steps": steps,
             "ms_per_step": round(1000 * seconds / steps, 3), "prefill_ms": round(1000 * seconds, 1)}
 
 
@@ -247,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", type=int, default=VOCAB, help="the stand-in model's vocabulary (>= 1024)")
     parser.add_argument("--prefill-chunk", type=int, default=0,
                         help="time the prefill of the batch's prompts in chunks of this many tokens instead")
+    parser.add_argument("--max-running", type=int, default=None,
+                        help="with --prefill-chunk: slots for this many requests, the rest queued")
     parser.add_argument("--engine-modes", action="store_true",
                         help="time the Engine over a tiny real model with its scheduler on a thread and in a process")
     args = parser.parse_args(argv)
@@ -258,7 +265,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.prefill_chunk:
         for batch in args.batch:
-            print(measure_prefill(batch, args.prompt_len, args.prefill_chunk, args.vocab, args.profile), flush=True)
+            print(measure_prefill(batch, args.prompt_len, args.prefill_chunk, args.vocab, args.profile,
+                                  args.max_running), flush=True)
         return
     if args.engine:
         for batch in args.batch:
