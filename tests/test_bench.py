@@ -1,5 +1,6 @@
 """Benchmark workloads (determinism, lengths), report math (percentiles, KV waste, ITL), a tiny offline run."""
 
+import ast
 import json
 import math
 import sys
@@ -418,6 +419,22 @@ def test_step_overhead_bench_times_greedy_and_sampled_steps(temperature, seeded)
     row = measure(batch=2, steps=3, overlap=False, detokenize=False, temperature=temperature, seeded=seeded)
     assert row["temperature"] == temperature and row["seeded"] == seeded and row["batch"] == 2
     assert row["ms_per_step"] > 0 and row["us_per_request"] == pytest.approx(row["ms_per_step"] * 500, rel=0.01)
+
+
+@pytest.mark.parametrize("max_running", [None, 3])
+def test_step_overhead_bench_times_a_prefill_and_a_queue_longer_than_the_slots(capsys, max_running):
+    """--prefill-chunk: the steps until every prompt was prefilled, every prompt (a queue behind fewer slots than
+    requests too, its requests leaving their slots as they finish)."""
+    from radixrt.bench import step_overhead
+
+    argv = ["--prefill-chunk", "64", "--prompt-len", "40", "--vocab", "1024", "--batch", "8"]
+    step_overhead.main(argv + (["--max-running", str(max_running)] if max_running else []))
+    row = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])  # the printed dict
+    assert row["batch"] == 8 and row["max_running"] == (max_running or 8) and row["chunk"] == 64
+    # a chunk of 64 tokens holds one 40-token prompt and part of the next: at least 5 steps for 8 prompts
+    assert row["prefill_steps"] >= 5 and row["ms_per_step"] > 0
+    if max_running:  # 3 slots: requests had to finish (8 decode steps each) before the last were admitted
+        assert row["prefill_steps"] >= 8 + 5
 
 
 def test_step_overhead_bench_times_the_whole_engine_on_a_small_vocabulary(capsys):

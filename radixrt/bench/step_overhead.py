@@ -33,6 +33,8 @@ import cProfile
 import io
 import pstats
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -90,6 +92,23 @@ def _runner_and_prompts(batch: int, steps: int, vocab: int, prompt_len: int = PR
     return runner, [[token(i * 7919 + j * 31, vocab) for j in range(prompt_len)] for i in range(batch)]
 
 
+@contextmanager
+def _profiled(profile: bool) -> Iterator[None]:
+    """cProfile over the block (when ``profile``), its top functions printed after."""
+    if not profile:
+        yield
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+        print(text.getvalue())
+
+
 def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bool = False,
             temperature: float = 0.0, seeded: bool = False, vocab: int = VOCAB, prompt_len: int = PROMPT_LEN) -> dict:
     from radixrt.bench.sim.world import load_world
@@ -113,18 +132,11 @@ def measure(batch: int, steps: int, overlap: bool, detokenize: bool, profile: bo
     while any(r.num_computed < len(r.prompt_ids) for r in scheduler.running) or not scheduler.running:
         scheduler.step()  # prefill
     scheduler.step()
-    profiler = cProfile.Profile() if profile else None
-    if profiler:
-        profiler.enable()
-    started = time.perf_counter()
-    for _ in range(steps):
-        scheduler.step()
-    seconds = time.perf_counter() - started
-    if profiler:
-        profiler.disable()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
-        print(text.getvalue())
+    with _profiled(profile):
+        started = time.perf_counter()
+        for _ in range(steps):
+            scheduler.step()
+        seconds = time.perf_counter() - started
     return {"batch": batch, "prompt_len": prompt_len, "overlap": overlap, "detokenize": detokenize,
             "temperature": temperature, "seeded": seeded, "ms_per_step": round(1000 * seconds / steps, 3), "us_per_request": round(1e6 * seconds / steps / batch, 2)}
 
@@ -150,20 +162,13 @@ def measure_prefill(batch: int, prompt_len: int, chunk: int, vocab: int = VOCAB,
     for i, prompt in enumerate(prompts):
         scheduler.submit(GenerateReq(rid=f"r{i}", input_ids=prompt,
                                      params=SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True)))
-    profiler = cProfile.Profile() if profile else None
-    if profiler:
-        profiler.enable()
-    started, steps = time.perf_counter(), 0
-    while (scheduler.inbox or scheduler.admission.waiting
-           or any(r.num_computed < len(r.prompt_ids) for r in scheduler.running)):
-        scheduler.step()
-        steps += 1
-    seconds = time.perf_counter() - started
-    if profiler:
-        profiler.disable()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
-        print(text.getvalue())
+    with _profiled(profile):
+        started, steps = time.perf_counter(), 0
+        while (scheduler.inbox or scheduler.admission.waiting
+               or any(r.num_computed < len(r.prompt_ids) for r in scheduler.running)):
+            scheduler.step()
+            steps += 1
+        seconds = time.perf_counter() - started
     return {"batch": batch, "max_running": max_running or batch, "prompt_len": prompt_len, "chunk": chunk,
             "prefill_steps": steps,
             "ms_per_step": round(1000 * seconds / steps, 3), "prefill_ms": round(1000 * seconds, 1)}
