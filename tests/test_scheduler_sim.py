@@ -86,8 +86,9 @@ def test_random_workloads_finish_without_leaks_and_match_solo_runs(world, oracle
     assert result.pages_leaked == 0
 
 
-# Seeds whose pools run short enough to retract a request (few of the soak's first seeds do). Greedy and without
-# speculation, their steps do not hang on how sampling draws; with speculation on, the second pair's do not either.
+# Seeds whose pools run short enough to retract a request (few of the soak's first seeds do): the first pair greedy
+# and without speculation, so their steps do not hang on how sampling draws; the second with speculation on (155 is
+# greedy too, so at least one retraction there does not hang on sampling either).
 RETRACTING_SEEDS = (83, 155)
 RETRACTING_WITH_SPECULATION = (49, 155)
 
